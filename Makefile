@@ -1,0 +1,48 @@
+# The two commands of the README: `make run` and `make test`. Everything else is a helper.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# torch first and pinned: on CPU machines this version is a local build, any other spec
+# (or a package that asks for a newer torch) downloads a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: run test install install-dev lint typecheck unit bench redis clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed pyproject.toml
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+run: install
+	$(VENV)/bin/surge serve --host $(HOST) --port $(PORT)
+
+lint: install-dev
+	$(VENV)/bin/ruff check app models middleware tests scripts
+	$(VENV)/bin/ruff format --check app models middleware tests scripts
+
+typecheck: install-dev
+	$(VENV)/bin/mypy
+
+# Redis is not needed by the core tests yet; scripts/ensure-redis.sh starts one when it is.
+unit: install-dev
+	$(PY) -m pytest -q
+
+test: lint typecheck unit
+
+bench: install-dev
+	$(PY) scripts/bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

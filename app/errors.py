@@ -1,0 +1,205 @@
+"""OpenAI-shaped errors: the exception routes raise, and the handlers that render every failure.
+
+Owns the mapping from failures to `{"error": {"message", "type", "param", "code"}}` with the
+right HTTP status: our own `OpenAIError`, FastAPI's request validation errors (400, not FastAPI's
+422 shape), Starlette's HTTP exceptions (404, 405, ...) and anything uncaught (500). The OpenAI
+SDK picks its exception class from the status alone and reads message/param/code from the body.
+
+Pure ASGI middleware cannot raise into these handlers; they use `error_json` and `send_error`,
+re-exported here from `middleware._errors`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from middleware._errors import error_json, send_error
+
+__all__ = [
+    "OpenAIError",
+    "authentication_error",
+    "error_json",
+    "install_error_handlers",
+    "invalid_request",
+    "not_found_model",
+    "payload_too_large",
+    "send_error",
+    "server_error",
+    "service_unavailable",
+]
+
+logger = logging.getLogger(__name__)
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+
+class OpenAIError(Exception):
+    """An error with everything needed to render OpenAI's error body; raise it from routes."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        type: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def to_json(self) -> bytes:
+        return error_json(self.message, type=self.type, param=self.param, code=self.code)
+
+    def to_response(self) -> Response:
+        return _json_response(self.status_code, self.to_json(), self.headers)
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(message, status_code=400, type=INVALID_REQUEST, param=param, code=code)
+
+
+def not_found_model(model: str) -> OpenAIError:
+    return OpenAIError(
+        f"The model `{model}` does not exist.",
+        status_code=404,
+        type=INVALID_REQUEST,
+        param="model",
+        code="model_not_found",
+    )
+
+
+def authentication_error(message: str = "Incorrect API key provided.") -> OpenAIError:
+    return OpenAIError(
+        message,
+        status_code=401,
+        type=INVALID_REQUEST,
+        code="invalid_api_key",
+        headers={"www-authenticate": "Bearer"},
+    )
+
+
+def payload_too_large(max_body_bytes: int) -> OpenAIError:
+    return OpenAIError(
+        f"Request body too large: the limit is {max_body_bytes} bytes.",
+        status_code=413,
+        type=INVALID_REQUEST,
+        code="payload_too_large",
+    )
+
+
+def service_unavailable(message: str, retry_after: float) -> OpenAIError:
+    # The SDK honours `retry-after-ms` (precise) and `retry-after` (whole seconds, per HTTP).
+    headers = {
+        "retry-after": str(max(1, math.ceil(retry_after))),
+        "retry-after-ms": str(max(1, round(retry_after * 1000))),
+    }
+    return OpenAIError(message, status_code=503, type=SERVER_ERROR, code="service_unavailable", headers=headers)
+
+
+def server_error(message: str = "The server had an error while processing your request.") -> OpenAIError:
+    return OpenAIError(message, status_code=500, type=SERVER_ERROR)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(OpenAIError, _handle_openai_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _handle_validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _handle_http_exception)  # type: ignore[arg-type]
+    # NOTE: Starlette runs the `Exception` handler in ServerErrorMiddleware, which re-raises
+    # after responding, so uvicorn logs the traceback a second time.
+    app.add_exception_handler(Exception, _handle_uncaught)
+
+
+async def _handle_openai_error(request: Request, exc: OpenAIError) -> Response:
+    return exc.to_response()
+
+
+async def _handle_validation_error(request: Request, exc: RequestValidationError) -> Response:
+    message, param = describe_validation_errors(exc.errors())
+    return invalid_request(message, param=param).to_response()
+
+
+async def _handle_http_exception(request: Request, exc: StarletteHTTPException) -> Response:
+    message = str(exc.detail)
+    if exc.status_code == 404 and message == "Not Found":
+        message = f"Invalid URL ({request.method} {request.url.path})"
+    elif exc.status_code == 405 and message == "Method Not Allowed":
+        message = f"Method {request.method} is not allowed for {request.url.path}"
+    error_type = SERVER_ERROR if exc.status_code >= 500 else INVALID_REQUEST
+    body = error_json(message, type=error_type)
+    return _json_response(exc.status_code, body, exc.headers or {})
+
+
+async def _handle_uncaught(request: Request, exc: Exception) -> Response:
+    logger.error("Unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
+    return server_error().to_response()
+
+
+def _json_response(status_code: int, body: bytes, headers: Mapping[str, str]) -> Response:
+    return Response(body, status_code=status_code, headers=dict(headers), media_type="application/json")
+
+
+# Pydantic names the failed branch of a union in the error location ("str", "list[TextPart]",
+# "function-after[...]"); those are not request fields, so they are left out of `param`.
+_FIELD_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})
+_LOC_SOURCES = frozenset({"body", "query", "path", "header", "cookie"})
+
+
+def describe_validation_errors(errors: Sequence[Any]) -> tuple[str, str | None]:
+    """One readable message and the offending field path (e.g. `messages.0.content`).
+
+    Reports the most specific error (longest location); alternatives that failed at the same
+    path, which is how pydantic reports a union, are joined into one message.
+    """
+    if not errors:
+        return "Invalid request.", None
+    if errors[0].get("type") == "json_invalid":
+        detail = errors[0].get("ctx", {}).get("error", "invalid JSON")
+        return f"We could not parse the JSON body of your request ({detail}).", None
+
+    paths = [_field_path(error.get("loc", ())) for error in errors]
+    chosen = max(range(len(errors)), key=lambda i: len(paths[i]))  # max() keeps the first of ties
+    path = paths[chosen]
+    reasons: list[str] = []
+    for error, error_path in zip(errors, paths, strict=True):
+        if error_path == path and (reason := _reason(error)) not in reasons:
+            reasons.append(reason)
+    param = ".".join(str(part) for part in path) or None
+    if errors[chosen].get("type") == "missing" and param is not None:
+        return f"Missing required parameter: '{param}'.", param
+    reason = " or ".join(reasons)
+    return (f"Invalid value for '{param}': {reason}" if param else reason), param
+
+
+def _field_path(loc: Sequence[Any]) -> tuple[str | int, ...]:
+    parts = list(loc)
+    if parts and parts[0] in _LOC_SOURCES:
+        parts = parts[1:]
+    return tuple(
+        part
+        for part in parts
+        if isinstance(part, int) or (_FIELD_NAME.match(part) is not None and part not in _TYPE_NAMES)
+    )
+
+
+def _reason(error: Mapping[str, Any]) -> str:
+    message = str(error.get("msg", "invalid value"))
+    # Our validators raise ValueError; pydantic prefixes its message with this.
+    return message.removeprefix("Value error, ")

@@ -1,0 +1,161 @@
+"""What chat and completions share: checks against the model, submission, collection.
+
+Every error that can be known before generation (unknown model, context overflow, a token
+id outside the vocabulary) is raised here, before a stream opens, so it reaches the client
+with its proper status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+from fastapi import Request
+
+from app.errors import invalid_request, not_found_model, server_error, service_unavailable
+from app.schemas import ChatCompletionRequest, CompletionRequest, chat_logprob_entry
+from app.settings import Settings
+from app.state import RETRY_AFTER_SECONDS
+from models.async_engine import AsyncEngine, RequestGroup
+from models.outputs import RequestOutput
+from models.sampler import TokenLogprob
+from models.sampling_params import SamplingParams
+from models.sequence import FinishReason
+from models.tokenizer import Tokenizer
+
+T = TypeVar("T")
+
+
+def check_model(settings: Settings, requested: str) -> None:
+    if requested not in (settings.model_name, settings.model):
+        raise not_found_model(requested)
+
+
+def sampling_params(
+    engine: AsyncEngine,
+    request: ChatCompletionRequest | CompletionRequest,
+    prompt_len: int,
+    requested_max_tokens: int | None,
+    param: str,
+) -> list[SamplingParams]:
+    """One SamplingParams per choice, checked against the context length and the vocabulary."""
+    max_model_len = engine.config.scheduler.max_model_len
+    if prompt_len == 0:
+        raise invalid_request("The prompt is empty.", param=param)
+    if prompt_len >= max_model_len or (
+        requested_max_tokens is not None and prompt_len + requested_max_tokens > max_model_len
+    ):
+        asked = requested_max_tokens or 1
+        raise invalid_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + asked} tokens ({prompt_len} in the {param}, {asked} in the completion). "
+            f"Please reduce the length of the {param} or completion.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    max_tokens = requested_max_tokens if requested_max_tokens is not None else max_model_len - prompt_len
+    vocab_size = engine.tokenizer.vocab_size
+    for token_id in [int(key) for key in request.logit_bias or {}] + list(request.stop_token_ids or []):
+        if token_id >= vocab_size:
+            raise invalid_request(f"Token id {token_id} is out of vocabulary (size {vocab_size}).", param="logit_bias")
+    try:
+        base = request.to_sampling_params(max_tokens)
+    except ValueError as exc:
+        raise invalid_request(str(exc)) from exc
+    if request.n == 1:
+        return [base]
+    # Each choice is its own sample; with a seed, choice i uses seed + i so all differ yet repeat.
+    return [_with_seed(base, None if base.seed is None else base.seed + i) for i in range(request.n)]
+
+
+def _with_seed(params: SamplingParams, seed: int | None) -> SamplingParams:
+    return replace(params, seed=seed)
+
+
+def submit(
+    engine: AsyncEngine, prompts: Sequence[list[int]], choices: Sequence[SamplingParams], priority: int
+) -> RequestGroup:
+    """Submit len(prompts) x len(choices) sequences; choice index = prompt_index * n + choice."""
+    try:
+        return engine.submit([(prompt, params) for prompt in prompts for params in choices], priority=priority)
+    except RuntimeError as exc:
+        raise service_unavailable(f"The engine is not available: {exc}", RETRY_AFTER_SECONDS) from exc
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+
+
+async def collect(group: RequestGroup) -> list[ChoiceResult]:
+    """Gather a whole non-streamed response; an engine error becomes a 500."""
+    results = [ChoiceResult() for _ in group.request_ids]
+    async with group:
+        async for output in group:
+            result = results[group.index[output.request_id]]
+            raise_if_failed(output)
+            result.text.append(output.text)
+            result.token_ids += output.token_ids
+            result.logprobs += output.logprobs
+            result.finish_reason = output.finish_reason
+            result.num_prompt_tokens = output.num_prompt_tokens
+    return results
+
+
+def raise_if_failed(output: RequestOutput) -> None:
+    if output.error is not None:
+        raise server_error(f"The server had an error while generating: {output.error}")
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before the response was ready."""
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Run `work`, cancelling it (and so aborting its engine requests) if the client leaves.
+
+    Streaming responses notice a disconnect on their own; a plain JSON response would go on
+    generating for nobody, holding a slot, so this watches the connection meanwhile.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        raise ClientDisconnected
+    return task.result()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def chat_logprobs_json(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob]) -> list[dict[str, object]]:
+    return [
+        chat_logprob_entry(
+            tokenizer.token_text(lp.token_id),
+            lp.logprob,
+            [(tokenizer.token_text(alt), alt_lp) for alt, alt_lp in lp.top],
+        )
+        for lp in logprobs
+    ]
+
+
+def finish_reason_text(reason: FinishReason | None) -> str | None:
+    if reason is None:
+        return None
+    # abort/error never reach a client as a finish reason; report them as a plain stop.
+    return reason.value if reason in (FinishReason.STOP, FinishReason.LENGTH) else "stop"

@@ -1,0 +1,119 @@
+"""POST /v1/chat/completions: JSON and SSE."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import JSONResponse, Response
+
+from app.errors import invalid_request
+from app.generation import (
+    ChoiceResult,
+    ClientDisconnected,
+    chat_logprobs_json,
+    check_model,
+    collect,
+    finish_reason_text,
+    sampling_params,
+    submit,
+    unless_disconnected,
+)
+from app.schemas import ChatChunkEncoder, ChatCompletionRequest, Usage, new_chat_completion_id
+from app.sse import DONE, KEEPALIVE, error_event, event, sse_response
+from app.state import ServerState, get_engine, get_state
+from models.async_engine import AsyncEngine, RequestGroup
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def create_chat_completion(
+    body: ChatCompletionRequest,
+    request: Request,
+    state: ServerState = Depends(get_state),
+    engine: AsyncEngine = Depends(get_engine),
+) -> Response:
+    check_model(state.settings, body.model)
+    try:
+        prompt = engine.tokenizer.encode_chat(body.template_messages())
+    except Exception as exc:  # a template that rejects the conversation (e.g. role order)
+        raise invalid_request(f"The chat template could not render these messages: {exc}", param="messages") from exc
+    choices = sampling_params(engine, body, len(prompt), body.requested_max_tokens, "messages")
+    group = submit(engine, [prompt], choices, body.priority)
+    completion_id = new_chat_completion_id()
+    created = int(time.time())
+    if body.stream:
+        encoder = ChatChunkEncoder(
+            completion_id=completion_id, model=body.model, created=created, include_usage=body.include_usage
+        )
+        return sse_response(
+            _stream(group, encoder, engine, len(prompt), state.settings.keepalive_seconds, body.include_usage)
+        )
+    try:
+        results = await unless_disconnected(request, collect(group))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    return JSONResponse(_response_body(completion_id, created, body.model, results, engine, body.logprobs))
+
+
+def _response_body(
+    completion_id: str,
+    created: int,
+    model: str,
+    results: list[ChoiceResult],
+    engine: AsyncEngine,
+    want_logprobs: bool,
+) -> dict[str, object]:
+    num_prompt = results[0].num_prompt_tokens
+    num_completion = sum(len(r.token_ids) for r in results)
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": "".join(r.text)},
+                "logprobs": {"content": chat_logprobs_json(engine.tokenizer, r.logprobs)} if want_logprobs else None,
+                "finish_reason": finish_reason_text(r.finish_reason),
+            }
+            for i, r in enumerate(results)
+        ],
+        "usage": Usage.of(num_prompt, num_completion).model_dump(),
+    }
+
+
+async def _stream(
+    group: RequestGroup,
+    encoder: ChatChunkEncoder,
+    engine: AsyncEngine,
+    num_prompt: int,
+    keepalive: float,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    num_completion = 0
+    async with group:
+        yield b"".join(event(encoder.role(i)) for i in range(len(group.request_ids)))
+        while not group.finished:
+            outputs = await group.next_outputs(keepalive)
+            if not outputs:
+                yield KEEPALIVE
+                continue
+            parts = []
+            for out in outputs:
+                if out.error is not None:
+                    yield b"".join(parts) + error_event(out.error) + DONE
+                    return
+                index = group.index[out.request_id]
+                num_completion += len(out.token_ids)
+                logprobs = chat_logprobs_json(engine.tokenizer, out.logprobs) if out.logprobs else None
+                if out.text or logprobs:
+                    parts.append(event(encoder.delta(index, out.text, logprobs=logprobs)))
+                if out.finished:
+                    parts.append(event(encoder.delta(index, None, finish_reason=finish_reason_text(out.finish_reason))))
+            yield b"".join(parts)
+    tail = event(encoder.usage(Usage.of(num_prompt, num_completion))) if include_usage else b""
+    yield tail + DONE

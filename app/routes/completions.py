@@ -1,0 +1,137 @@
+"""POST /v1/completions (legacy text completions): JSON and SSE, one or several prompts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import JSONResponse, Response
+
+from app.errors import invalid_request
+from app.generation import (
+    ChoiceResult,
+    ClientDisconnected,
+    check_model,
+    collect,
+    finish_reason_text,
+    sampling_params,
+    submit,
+    unless_disconnected,
+)
+from app.schemas import CompletionChunkEncoder, CompletionRequest, Usage, completion_logprobs, new_completion_id
+from app.sse import DONE, KEEPALIVE, error_event, event, sse_response
+from app.state import ServerState, get_engine, get_state
+from models.async_engine import AsyncEngine, RequestGroup
+from models.sampler import TokenLogprob
+from models.tokenizer import Tokenizer
+
+router = APIRouter()
+
+
+@router.post("/v1/completions", response_model=None)
+async def create_completion(
+    body: CompletionRequest,
+    request: Request,
+    state: ServerState = Depends(get_state),
+    engine: AsyncEngine = Depends(get_engine),
+) -> Response:
+    check_model(state.settings, body.model)
+    vocab_size = engine.tokenizer.vocab_size
+    prompts: list[list[int]] = []
+    for item in body.prompt_inputs():
+        ids = engine.tokenizer.encode(item) if isinstance(item, str) else list(item)
+        if any(token_id >= vocab_size for token_id in ids):
+            raise invalid_request(f"The prompt has a token id outside the vocabulary (size {vocab_size}).", "prompt")
+        prompts.append(ids)
+    choices = []
+    for ids in prompts:  # every prompt must fit; the params differ only in max_tokens defaults
+        choices = sampling_params(engine, body, len(ids), body.requested_max_tokens, "prompt")
+    if len(prompts) > 1 and body.requested_max_tokens is None:
+        raise invalid_request("max_tokens is required with several prompts.", "max_tokens")
+    group = submit(engine, prompts, choices, body.priority)
+    completion_id = new_completion_id()
+    created = int(time.time())
+    num_prompt = sum(len(ids) for ids in prompts)
+    if body.stream:
+        encoder = CompletionChunkEncoder(
+            completion_id=completion_id, model=body.model, created=created, include_usage=body.include_usage
+        )
+        return sse_response(
+            _stream(group, encoder, engine.tokenizer, num_prompt, state.settings.keepalive_seconds, body.include_usage)
+        )
+    try:
+        results = await unless_disconnected(request, collect(group))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    return JSONResponse(_response_body(completion_id, created, body.model, results, engine.tokenizer, num_prompt, body))
+
+
+def _logprobs(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob], offset: int) -> dict[str, object]:
+    tokens = [tokenizer.token_text(lp.token_id) for lp in logprobs]
+    offsets, position = [], offset
+    for token in tokens:
+        offsets.append(position)
+        position += len(token)
+    top = [[(tokenizer.token_text(alt), alt_lp) for alt, alt_lp in lp.top] for lp in logprobs]
+    return completion_logprobs(tokens, [lp.logprob for lp in logprobs], top, offsets)
+
+
+def _response_body(
+    completion_id: str,
+    created: int,
+    model: str,
+    results: list[ChoiceResult],
+    tokenizer: Tokenizer,
+    num_prompt: int,
+    body: CompletionRequest,
+) -> dict[str, object]:
+    return {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "text": "".join(r.text),
+                "logprobs": _logprobs(tokenizer, r.logprobs, 0) if body.logprobs is not None else None,
+                "finish_reason": finish_reason_text(r.finish_reason),
+            }
+            for i, r in enumerate(results)
+        ],
+        "usage": Usage.of(num_prompt, sum(len(r.token_ids) for r in results)).model_dump(),
+    }
+
+
+async def _stream(
+    group: RequestGroup,
+    encoder: CompletionChunkEncoder,
+    tokenizer: Tokenizer,
+    num_prompt: int,
+    keepalive: float,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    num_completion = 0
+    offsets = [0] * len(group.request_ids)
+    async with group:
+        while not group.finished:
+            outputs = await group.next_outputs(keepalive)
+            if not outputs:
+                yield KEEPALIVE
+                continue
+            parts = []
+            for out in outputs:
+                if out.error is not None:
+                    yield b"".join(parts) + error_event(out.error) + DONE
+                    return
+                index = group.index[out.request_id]
+                num_completion += len(out.token_ids)
+                logprobs = _logprobs(tokenizer, out.logprobs, offsets[index]) if out.logprobs else None
+                offsets[index] += len(out.text)
+                if out.text or logprobs or out.finished:
+                    reason = finish_reason_text(out.finish_reason)
+                    parts.append(event(encoder.text(index, out.text, logprobs=logprobs, finish_reason=reason)))
+            yield b"".join(parts)
+    tail = event(encoder.usage(Usage.of(num_prompt, num_completion))) if include_usage else b""
+    yield tail + DONE

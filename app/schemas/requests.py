@@ -1,0 +1,248 @@
+"""OpenAI request bodies for /v1/chat/completions and /v1/completions.
+
+Owns validation of what clients send and its translation into the engine's `SamplingParams`.
+Everything a client can get wrong is checked here, so it becomes a 400 naming the field rather
+than a 500 from deep inside the engine. What needs the model (context length, vocabulary size,
+tokenizing the prompt) is the caller's job.
+
+Deliberate choices, with reasons:
+- Unknown fields are ignored, as OpenAI and vLLM do, so newer clients keep working.
+- `null` means "use the default" for every field: OpenAI documents nearly all of them as
+  nullable, and SDKs send explicit nulls.
+- `top_p=0` means greedy: the nucleus of mass 0 is the single most likely token. (The engine
+  requires `top_p > 0`, so it is mapped to `temperature=0`.)
+- `top_k` follows vLLM: 0 or -1 means off.
+- Empty stop strings are dropped: they would stop every request before its first token.
+- Chat `max_completion_tokens` wins over the deprecated `max_tokens` when both are sent (vLLM).
+- Completions' `echo=true` is rejected: echoing with logprobs needs prompt logprobs, which the
+  engine does not compute, and half-supporting it would give wrong answers to eval harnesses.
+- Completions' `suffix` (insertion) is rejected: no model we serve does fill-in-the-middle.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from models.sampling_params import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingParams
+
+# Each choice is a full sequence in the batch; a cap keeps one request from filling it.
+MAX_CHOICES = 16
+MAX_LOGIT_BIAS = 100.0
+# torch.Generator.manual_seed accepts exactly this range; outside it the engine would fail.
+MIN_SEED = -(2**63)
+MAX_SEED = 2**64 - 1
+# Legacy completions default, as in OpenAI's API reference and vLLM.
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class RequestModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+
+class StreamOptions(RequestModel):
+    include_usage: bool = False
+
+
+class TextContentPart(RequestModel):
+    type: Literal["text"]
+    text: str
+
+
+ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class ChatMessage(RequestModel):
+    role: ChatRole
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        # Only an assistant turn may omit content (OpenAI allows it alongside tool calls).
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content is required for a '{self.role}' message")
+        return self
+
+    @property
+    def text(self) -> str:
+        """The message as plain text; text parts are joined with newlines, as vLLM does."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class SamplingRequest(RequestModel):
+    """Fields shared by chat and legacy completions, in the order validators rely on."""
+
+    model: str
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
+    user: str | None = None
+    # Extensions vLLM accepts.
+    top_k: int | None = Field(None, ge=-1)
+    ignore_eos: bool = False
+    stop_token_ids: list[TokenId] | None = None
+    priority: int = 0  # lower runs first
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value: StreamOptions | None, info: ValidationInfo) -> Any:
+        if value is not None and not info.data.get("stream", False):
+            raise ValueError("stream_options is only allowed when stream is true")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, value: dict[str, float] | None) -> Any:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias for token {key} must be between -100 and 100, got {bias}")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return tuple(stop for stop in stops if stop)
+
+    def _sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        is_top_p_greedy = self.top_p == 0.0
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0 if is_top_p_greedy else (1.0 if self.temperature is None else self.temperature),
+            top_p=1.0 if self.top_p is None or is_top_p_greedy else self.top_p,
+            top_k=max(self.top_k or 0, 0),
+            seed=self.seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias={int(key): bias for key, bias in (self.logit_bias or {}).items()},
+            logprobs=logprobs,
+            stop=self.stop_strings,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, description="Deprecated by OpenAI for max_completion_tokens")
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> Any:
+        if value is not None and not info.data.get("logprobs", False):
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return value
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """The client's output limit, or None to let the caller fill the context."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_messages(self) -> list[dict[str, str]]:
+        """Messages as chat templates expect them: `developer` is OpenAI's new name for `system`."""
+        return [
+            {"role": "system" if message.role == "developer" else message.role, "content": message.text}
+            for message in self.messages
+        ]
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._sampling_params(max_tokens, logprobs)
+
+
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+Prompt = str | list[str] | TokenIds | list[TokenIds]
+
+
+_PROMPT_SHAPE = "prompt must be a string, a list of strings, a list of token ids or a list of such lists"
+
+
+def _is_token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) > 0
+        and all(isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in value)
+    )
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: Prompt
+    max_tokens: int | None = Field(DEFAULT_COMPLETION_MAX_TOKENS, ge=1)
+    # Legacy completions ask for the top N alternatives; OpenAI caps N at 5, vLLM at 20.
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _check_prompt_shape(cls, value: Any) -> Any:
+        # Checked up front: pydantic's errors for a four-way union name every branch.
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list) or not value:
+            raise ValueError(_PROMPT_SHAPE)
+        if all(isinstance(item, str) for item in value) or all(_is_token_ids(item) for item in value):
+            return value
+        if _is_token_ids(value):
+            return value
+        raise ValueError(_PROMPT_SHAPE)
+
+    @field_validator("echo")
+    @classmethod
+    def _reject_echo(cls, value: bool) -> Any:
+        if value:
+            raise ValueError("echo is not supported")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _reject_suffix(cls, value: str | None) -> Any:
+        if value:
+            raise ValueError("suffix is not supported")
+        return value
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def prompt_inputs(self) -> list[str | list[int]]:
+        """One entry per prompt: text, or token ids. Choice `i*n + j` is prompt i's j-th sample."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if isinstance(prompt[0], int):  # one prompt as token ids; validation made all items ints
+            return [prompt]
+        return list(prompt)
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        return self._sampling_params(max_tokens, self.logprobs)

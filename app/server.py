@@ -1,0 +1,99 @@
+"""The app factory and the process: lifespan, middleware order, uvicorn.
+
+The lifespan owns every long-lived object. The model loads in the background so the port
+opens at once: `/health` answers while loading, `/ready` and the API answer 503 until the
+engine is warm. If loading fails the server exits non-zero rather than serving nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from app.errors import install_error_handlers
+from app.routes import router
+from app.settings import Settings
+from app.state import ServerState
+from middleware.auth import ApiKeyMiddleware
+from middleware.body_limit import BodyLimitMiddleware
+from models.async_engine import AsyncEngine
+
+log = logging.getLogger("surge.server")
+
+
+def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -> FastAPI:
+    state = ServerState(settings)
+
+    async def load() -> None:
+        try:
+            state.engine = await AsyncEngine.start(settings.engine)
+            log.info("ready: serving %s as %r", settings.model, settings.model_name)
+        except Exception as exc:
+            log.exception("could not start the engine")
+            state.load_error = exc
+            if on_fatal is not None:
+                on_fatal()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = asyncio.create_task(load())
+        try:
+            yield
+        finally:
+            state.is_shutting_down = True
+            loader.cancel()
+            if state.engine is not None:
+                await asyncio.to_thread(state.engine.stop)
+
+    app = FastAPI(title="surge", version="0.1.0", lifespan=lifespan)
+    app.state.surge = state
+    install_error_handlers(app)
+    app.include_router(router)
+
+    # Outermost first. CORS outside auth so preflights and 401s carry CORS headers; the body
+    # limit before auth would read nothing, so auth (cheap, header-only) runs first.
+    middleware: list[tuple[type, dict[str, object]]] = [
+        (ApiKeyMiddleware, {"api_keys": settings.api_key}),
+        (BodyLimitMiddleware, {"max_body_bytes": settings.max_body_bytes}),
+    ]
+    if settings.cors_origin:
+        middleware.insert(
+            0,
+            (
+                CORSMiddleware,
+                {
+                    "allow_origins": list(settings.cors_origin),
+                    "allow_methods": ["*"],
+                    "allow_headers": ["*"],
+                    "expose_headers": ["*"],
+                },
+            ),
+        )
+    for cls, options in reversed(middleware):
+        app.add_middleware(cls, **options)  # type: ignore[arg-type]
+    return app
+
+
+def serve(settings: Settings) -> None:
+    server: uvicorn.Server | None = None
+
+    def fatal() -> None:
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, on_fatal=fatal)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=30
+        )
+    )
+    server.run()
+    state: ServerState = app.state.surge
+    if state.load_error is not None:
+        raise SystemExit(1)

@@ -1,0 +1,139 @@
+"""Server settings: one frozen object, built once from flags and `SURGE_*` environment variables.
+
+Precedence: a command-line flag, then `SURGE_<NAME>` (e.g. `SURGE_MAX_NUM_SEQS`), then the
+default. List settings (`--api-key`, `--cors-origin`) repeat the flag, or take a
+comma-separated environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from models.config import EngineConfig, ModelConfig, SchedulerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    name: str  # flag without dashes, snake_case; the env var is SURGE_<NAME upper>
+    type: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+    multiple: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "SURGE_" + self.name.upper()
+
+
+# The single list of serve options: the CLI, the environment and the README table come from it.
+OPTIONS: tuple[Option, ...] = (
+    Option("model", str, "tiny", "`tiny` (embedded, built offline), a Hugging Face model directory, or a hub id"),
+    Option("host", str, "127.0.0.1", "address to listen on"),
+    Option("port", int, 8000, "port to listen on"),
+    Option("device", str, "auto", "`auto` picks CUDA when torch sees a GPU", choices=("auto", "cpu", "cuda")),
+    Option(
+        "dtype",
+        str,
+        "auto",
+        "`auto`: float32 on CPU, bfloat16 (or float16) on GPU",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    ),
+    Option("max_num_seqs", int, 32, "sequences decoded together; each holds one KV-cache slot"),
+    Option(
+        "max_num_batched_tokens",
+        int,
+        512,
+        "tokens fed to the model per step; longer prompts are prefilled in chunks of this size",
+    ),
+    Option("max_model_len", int, 0, "prompt + completion tokens per sequence; 0 = the model's own limit"),
+    Option("served_model_name", str, "", "model name in the API; empty = the --model value"),
+    Option("api_key", str, (), "accepted Bearer key (repeatable); none = no auth", multiple=True),
+    Option("cors_origin", str, (), "allowed CORS origin (repeatable, `*` for any)", multiple=True),
+    Option("num_threads", int, 1, "torch CPU threads; 1 avoids contention with the event loop, 0 = torch default"),
+    Option("max_body_bytes", int, 8 * 1024 * 1024, "largest accepted request body (413 beyond)"),
+    Option("keepalive_seconds", float, 5.0, "SSE keep-alive comment interval while a stream is silent"),
+    Option("log_level", str, "info", "log level", choices=("debug", "info", "warning", "error")),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    model: str = "tiny"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "auto"
+    dtype: str = "auto"
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 0
+    served_model_name: str = ""
+    api_key: tuple[str, ...] = ()
+    cors_origin: tuple[str, ...] = ()
+    num_threads: int = 1
+    max_body_bytes: int = 8 * 1024 * 1024
+    keepalive_seconds: float = 5.0
+    log_level: str = "info"
+    engine: EngineConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError("port must be between 1 and 65535")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be at least 1024")
+        if self.keepalive_seconds <= 0:
+            raise ValueError("keepalive_seconds must be positive")
+        engine = EngineConfig(
+            model=ModelConfig(self.model, self.device, self.dtype, self.num_threads),
+            scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len),
+        )
+        object.__setattr__(self, "engine", engine)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    for option in OPTIONS:
+        if option.multiple:
+            # Resolved in settings_from_namespace: a flag given on the command line replaces the env list.
+            parser.add_argument(option.flag, action="append", default=None, help=option.help + f" [{option.env}]")
+            continue
+        raw = environ.get(option.env)
+        default = option.type(raw) if raw is not None else option.default
+        parser.add_argument(
+            option.flag,
+            type=option.type,
+            default=default,
+            choices=option.choices,
+            help=option.help + f" [{option.env}]",
+        )
+
+
+def settings_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    values = {}
+    for option in OPTIONS:
+        value = getattr(ns, option.name)
+        if option.multiple:
+            if value is None:
+                raw = environ.get(option.env, "")
+                value = [v.strip() for v in raw.split(",") if v.strip()]
+            value = tuple(value)
+        values[option.name] = value
+    return Settings(**values)
+
+
+def parse_settings(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(prog="surge serve")
+    env = os.environ if environ is None else environ
+    add_serve_arguments(parser, env)
+    return settings_from_namespace(parser.parse_args(list(argv)), env)

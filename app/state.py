@@ -1,0 +1,46 @@
+"""What the lifespan owns and routes reach: settings and the engine, behind small dependencies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from app.errors import OpenAIError, service_unavailable
+from app.settings import Settings
+from models.async_engine import AsyncEngine
+
+# Seconds a client should wait before retrying while the model loads or the engine is down.
+RETRY_AFTER_SECONDS = 5.0
+
+
+@dataclass(slots=True)
+class ServerState:
+    settings: Settings
+    engine: AsyncEngine | None = None
+    load_error: BaseException | None = None
+    is_shutting_down: bool = False
+
+    @property
+    def is_ready(self) -> bool:
+        return self.engine is not None and self.engine.is_ready and not self.is_shutting_down
+
+    def not_ready_error(self) -> OpenAIError:
+        if self.is_shutting_down:
+            return service_unavailable("The server is shutting down.", RETRY_AFTER_SECONDS)
+        if self.engine is None:
+            return service_unavailable("The model is still loading.", RETRY_AFTER_SECONDS)
+        return service_unavailable("The engine is not running.", RETRY_AFTER_SECONDS)
+
+
+def get_state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.surge
+    return state
+
+
+def get_engine(request: Request) -> AsyncEngine:
+    """The engine, or a 503 (with Retry-After) while it loads, after it died, or at shutdown."""
+    state = get_state(request)
+    if not state.is_ready or state.engine is None:
+        raise state.not_ready_error()
+    return state.engine

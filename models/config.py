@@ -1,0 +1,54 @@
+"""Engine configuration: one frozen object, built once at start-up and passed down.
+
+Each component takes the smallest piece it needs (the scheduler only `SchedulerConfig`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    # One KV slot per running sequence; the cache holds max_num_seqs x max_model_len tokens at most.
+    max_num_seqs: int = 32
+    # Tokens one step may feed the model (decode rows count one each). Bounds how long a long
+    # prompt can stall running streams: the rest of the prompt waits for the next step.
+    max_num_batched_tokens: int = 512
+    # Prompt plus generated tokens of one sequence; 0 takes the model's own limit.
+    max_model_len: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be at least 1")
+        if self.max_model_len == 1 or self.max_model_len < 0:
+            raise ValueError("max_model_len must be at least 2 (or 0 for the model's own limit)")
+        if self.max_num_batched_tokens <= self.max_num_seqs:
+            # Every running sequence decodes one token per step; prefill needs room beyond that.
+            raise ValueError("max_num_batched_tokens must be greater than max_num_seqs")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    # "tiny" (the embedded model), a local Hugging Face model directory, or a hub id.
+    model: str = "tiny"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    # torch intra-op threads on CPU; 0 leaves torch's default. One thread avoids contention with
+    # the event loop on small machines (see FACTS.md).
+    num_threads: int = 1
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"unknown dtype {self.dtype!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"unknown device {self.device!r}")
+        if self.num_threads < 0:
+            raise ValueError("num_threads must be 0 (torch default) or positive")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

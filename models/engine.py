@@ -1,0 +1,244 @@
+"""The engine loop: one background thread that owns the model, the cache and the scheduler.
+
+Nothing here touches asyncio. Requests and aborts arrive through a thread-safe inbox; each
+step's outputs leave through one `publish` call (the async side hands them to the event
+loop in a single hop). A failed forward pass fails that step's requests and the loop goes
+on; if the loop itself dies, `dead` says why and every live request gets an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from models.config import SchedulerConfig
+from models.detokenizer import IncrementalDetokenizer
+from models.loader import LoadedModel
+from models.model_runner import ModelRunner
+from models.outputs import EngineDeadError, RequestOutput
+from models.sampler import Sampler, SamplingRow, TokenLogprob, make_generator
+from models.sampling_params import SamplingParams
+from models.scheduler import Scheduler, SchedulerOutput
+from models.sequence import FinishReason, Sequence
+
+log = logging.getLogger("surge.engine")
+
+Publish = Callable[[list[RequestOutput]], None]
+
+
+@dataclass(slots=True)
+class _Request:
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    row: SamplingRow
+
+
+class _Stop:
+    """Inbox sentinel: leave the loop."""
+
+
+class EngineCore:
+    def __init__(self, loaded: LoadedModel, config: SchedulerConfig, publish: Publish) -> None:
+        self.config = config
+        self.tokenizer = loaded.tokenizer
+        self.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len)
+        vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
+        self.sampler = Sampler(vocab_size, self.runner.device)
+        self.scheduler = Scheduler(config, loaded.tokenizer.eos_token_ids)
+        self._publish = publish
+        self._inbox: queue.SimpleQueue[_Request | str | _Stop] = queue.SimpleQueue()
+        self._requests: dict[str, _Request] = {}
+        self._thread: threading.Thread | None = None
+        self.dead: BaseException | None = None
+        self.is_warm = False
+        self.num_steps = 0
+
+    # --- called from any thread -------------------------------------------------------
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
+    ) -> None:
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
+        seq = Sequence(request_id, list(prompt_token_ids), params, priority)
+        generator = make_generator(params.seed, self.runner.device) if params.seed is not None else None
+        detokenizer = IncrementalDetokenizer(self.tokenizer.decode, seq.prompt_token_ids, params.stop)
+        self._inbox.put(_Request(seq, detokenizer, SamplingRow(params, generator, seq.output_token_ids)))
+
+    def abort_request(self, request_id: str) -> None:
+        self._inbox.put(request_id)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="surge-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._inbox.put(_Stop())
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self.dead is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    # --- the engine thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._warmup()
+            self.is_warm = True
+            while self._drain_inbox(block=not self.scheduler.has_work):
+                if self.scheduler.has_work:
+                    self.step()
+        except BaseException as exc:  # the loop must never die silently
+            log.exception("engine loop died")
+            self.dead = exc
+            self._fail_all(f"the engine stopped: {exc!r}")
+
+    def step(self) -> None:
+        """Schedule, run the model, publish what came out."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            self.runner.apply_moves(out.moves)
+            return
+        try:
+            token_ids, logprobs = self._execute(out)
+        except Exception as exc:
+            log.exception("forward pass failed; failing the %d requests of this step", len(out.sequences))
+            self._fail(out.sequences, f"the model failed on this batch: {exc!r}")
+            return
+        self._publish(self._postprocess(out, token_ids, logprobs))
+        self.num_steps += 1
+
+    def _execute(self, out: SchedulerOutput) -> tuple[list[int], list[TokenLogprob | None]]:
+        self.runner.apply_moves(out.moves)
+        logits, rows = [], []
+        if out.prefills:
+            prefill_logits = self.runner.prefill(out.prefills)
+            done = [i for i, chunk in enumerate(out.prefills) if chunk.completes_prompt]
+            if done:
+                logits.append(prefill_logits[done] if len(done) < len(out.prefills) else prefill_logits)
+                rows += [self._requests[out.prefills[i].seq.request_id].row for i in done]
+        if out.decodes:
+            logits.append(self.runner.decode(out.num_slots, out.decodes))
+            rows += [self._requests[seq.request_id].row for seq in out.decodes]
+        self.scheduler.mark_computed(out)
+        if not rows:
+            return [], []
+        result = self.sampler(logits[0] if len(logits) == 1 else torch.cat(logits), rows)
+        return result.token_ids, result.logprobs
+
+    def _postprocess(
+        self, out: SchedulerOutput, token_ids: list[int], logprobs: list[TokenLogprob | None]
+    ) -> list[RequestOutput]:
+        sampled = [chunk.seq for chunk in out.prefills if chunk.completes_prompt] + out.decodes
+        outputs = []
+        for seq, token_id, logprob in zip(sampled, token_ids, logprobs, strict=True):
+            request = self._requests[seq.request_id]
+            reason = self.scheduler.append_token(seq, token_id)
+            text, stopped = request.detokenizer.push(token_id)
+            if stopped:
+                reason = FinishReason.STOP
+            elif reason is not None:
+                text += request.detokenizer.flush()
+            if reason is not None:
+                self._finish(seq, reason)
+            outputs.append(
+                RequestOutput(
+                    seq.request_id,
+                    text,
+                    [token_id],
+                    seq.num_prompt_tokens,
+                    seq.num_output_tokens,
+                    [logprob] if logprob is not None else [],
+                    reason,
+                )
+            )
+        return outputs
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Take in new requests and aborts; return False when asked to stop."""
+        while True:
+            try:
+                item = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if isinstance(item, _Stop):
+                self._fail_all("the server is shutting down")
+                return False
+            if isinstance(item, str):
+                self._abort(item)
+                continue
+            try:
+                self.scheduler.add(item.seq)
+            except ValueError as exc:
+                self._publish([self._error_output(item.seq, str(exc))])
+                continue
+            self._requests[item.seq.request_id] = item
+
+    def _abort(self, request_id: str) -> None:
+        seq = self.scheduler.abort(request_id)
+        if seq is not None:
+            self._requests.pop(request_id, None)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.finish(seq, reason)
+        self._requests.pop(seq.request_id, None)
+
+    def _fail(self, seqs: list[Sequence], message: str) -> None:
+        outputs = []
+        for seq in seqs:
+            self._finish(seq, FinishReason.ERROR)
+            outputs.append(self._error_output(seq, message))
+        self._publish(outputs)
+
+    def _fail_all(self, message: str) -> None:
+        seqs = [request.seq for request in self._requests.values()]
+        while True:  # requests still in the inbox get the error too
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Request):
+                seqs.append(item.seq)
+        try:
+            self._fail(seqs, message)
+        except Exception:
+            log.exception("could not tell %d requests that the engine stopped", len(seqs))
+
+    @staticmethod
+    def _error_output(seq: Sequence, message: str) -> RequestOutput:
+        return RequestOutput(
+            seq.request_id, "", [], seq.num_prompt_tokens, seq.num_output_tokens, [], FinishReason.ERROR, message
+        )
+
+    def _warmup(self) -> None:
+        """Run the shapes serving will use (a batched prefill, full-width decode) before /ready."""
+        num_seqs = self.config.max_num_seqs
+        prompt_len = max(1, min(16, self.config.max_model_len - 3))
+        for i in range(num_seqs):
+            params = SamplingParams(max_tokens=2, temperature=0.0 if i % 2 else 1.0, ignore_eos=True)
+            seq = Sequence(f"warmup-{i}", [0] * prompt_len, params)
+            row = SamplingRow(params, None, seq.output_token_ids)
+            self._requests[seq.request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer.decode, []), row)
+            self.scheduler.add(seq)
+        while self.scheduler.has_work:
+            out = self.scheduler.schedule()
+            token_ids, logprobs = self._execute(out)
+            self._postprocess(out, token_ids, logprobs)
+        self.runner.apply_moves(self.scheduler.schedule().moves)
+        log.info("warmup done: %d sequences, prompt %d tokens", num_seqs, prompt_len)

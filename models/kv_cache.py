@@ -1,0 +1,143 @@
+"""The slot KV cache: one preallocated row of K/V per running sequence, written in place.
+
+transformers' own caches either copy the whole cache on every step (`DynamicCache` grows by
+`torch.cat`) or share one write position across the batch (`StaticCache`). Continuous
+batching needs sequences of different lengths side by side, so each layer keeps
+    keys, values: (num_slots, kv_heads, capacity + 1, head_dim)
+and every row is written at its own position. Column `capacity` is a scratch column: padding
+tokens write there and no mask ever lets a query read it.
+
+The model runner sets a `StepPlan` before each forward; attention layers then call
+`update()` once per layer, which writes the new K/V and returns what attention reads.
+Capacity grows by doubling up to max_model_len, so memory follows the longest live sequence
+rather than the worst case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+@dataclass(slots=True)
+class StepPlan:
+    # Decode: rows are slots [0, num_rows), write_pos (B,). Prefill: slots (B,), write_pos (B, T).
+    write_pos: torch.Tensor
+    read_len: int  # attention reads positions [0, read_len)
+    slots: torch.Tensor | None = None  # None means the contiguous block [0, num_rows)
+    num_rows: int = 0
+
+
+class SlotLayer(CacheLayerMixin):
+    is_sliding = False
+
+    def __init__(self, owner: SlotCache) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        _, kv_heads, _, head_dim = key_states.shape
+        shape = (self.owner.num_slots, kv_heads, self.owner.capacity + 1, head_dim)
+        # Zeros, not empty: masked positions are multiplied by zero weights, and NaN * 0 = NaN.
+        self.keys = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+        self.values = torch.zeros(shape, dtype=value_states.dtype, device=value_states.device)
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        assert self.keys is not None and self.values is not None
+        plan = self.owner.plan
+        if plan is None:
+            raise RuntimeError("SlotCache.update called without a step plan")
+        if plan.slots is None:  # decode: one new token per row, rows are slots [0, B)
+            rows = self.owner.row_index(plan.num_rows)
+            self.keys[rows, :, plan.write_pos] = key_states[:, :, 0]  # (B, H, D)
+            self.values[rows, :, plan.write_pos] = value_states[:, :, 0]
+            return self.keys[: plan.num_rows, :, : plan.read_len], self.values[: plan.num_rows, :, : plan.read_len]
+        # prefill: (B, H, T, D) into (slot, :, pos) for each row and column
+        slots = plan.slots[:, None]
+        self.keys[slots, :, plan.write_pos] = key_states.transpose(1, 2)  # (B, T, H, D)
+        self.values[slots, :, plan.write_pos] = value_states.transpose(1, 2)
+        return self.keys[plan.slots, :, : plan.read_len], self.values[plan.slots, :, : plan.read_len]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        plan = self.owner.plan
+        return (plan.read_len if plan else 0), 0
+
+    def get_seq_length(self) -> int:
+        plan = self.owner.plan
+        return plan.read_len if plan else 0
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+    def grow(self, capacity: int) -> None:
+        if self.keys is None or self.values is None:
+            return
+        old = self.keys.shape[2] - 1
+        shape = (self.keys.shape[0], self.keys.shape[1], capacity + 1, self.keys.shape[3])
+        keys = torch.zeros(shape, dtype=self.keys.dtype, device=self.keys.device)
+        values = torch.zeros(shape, dtype=self.values.dtype, device=self.values.device)
+        keys[:, :, :old] = self.keys[:, :, :old]
+        values[:, :, :old] = self.values[:, :, :old]
+        self.keys, self.values = keys, values
+
+    def move(self, src: int, dst: int, num_tokens: int) -> None:
+        if self.keys is None or self.values is None or num_tokens == 0:
+            return
+        self.keys[dst, :, :num_tokens] = self.keys[src, :, :num_tokens]
+        self.values[dst, :, :num_tokens] = self.values[src, :, :num_tokens]
+
+
+class SlotCache(Cache):
+    def __init__(self, num_layers: int, num_slots: int, max_len: int, initial_capacity: int = 256) -> None:
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.capacity = min(initial_capacity, max_len)
+        self.plan: StepPlan | None = None
+        self._row_index: dict[int, torch.Tensor] = {}
+        super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
+
+    @property
+    def scratch_pos(self) -> int:
+        return self.capacity
+
+    def ensure_capacity(self, num_positions: int) -> None:
+        """Make room for positions [0, num_positions) before a forward pass writes them."""
+        if num_positions <= self.capacity:
+            return
+        if num_positions > self.max_len:
+            raise ValueError(f"position {num_positions - 1} is beyond max_model_len {self.max_len}")
+        capacity = min(max(num_positions, 2 * self.capacity), self.max_len)
+        for layer in self.layers:
+            assert isinstance(layer, SlotLayer)
+            layer.grow(capacity)
+        self.capacity = capacity
+
+    def move(self, src: int, dst: int, num_tokens: int) -> None:
+        for layer in self.layers:
+            assert isinstance(layer, SlotLayer)
+            layer.move(src, dst, num_tokens)
+
+    def row_index(self, num_rows: int) -> torch.Tensor:
+        # Cached arange per batch size: one fewer tensor allocation per layer per step.
+        index = self._row_index.get(num_rows)
+        if index is None:
+            device = next((la.keys.device for la in self.layers if la.keys is not None), None)
+            index = torch.arange(num_rows, device=device)
+            self._row_index[num_rows] = index
+        return index
+
+    def bytes_per_token(self) -> int:
+        total = 0
+        for layer in self.layers:
+            if layer.keys is not None and layer.values is not None:
+                per_pos = layer.keys.shape[1] * layer.keys.shape[3] * layer.keys.element_size()
+                total += 2 * per_pos
+        return total

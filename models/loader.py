@@ -1,0 +1,90 @@
+"""Loads a causal LM and its tokenizer: the embedded tiny model, a local directory or a hub id.
+
+Everything goes through `AutoModelForCausalLM` / `AutoTokenizer`, so the embedded model takes
+the same path as any real one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from models.config import ModelConfig
+from models.tokenizer import Tokenizer
+
+log = logging.getLogger("surge.loader")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: Tokenizer
+    path: str  # the directory or hub id it came from
+    max_position_embeddings: int | None
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for, but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype != "auto":
+        return _DTYPES[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # bf16 on CPUs without native support is 3-6x slower than fp32 (FACTS.md).
+    return torch.float32
+
+
+def resolve_model_path(model: str) -> str:
+    if model == "tiny":
+        from models.tiny import ensure_tiny
+
+        return str(ensure_tiny())
+    return model
+
+
+def load_model(config: ModelConfig) -> LoadedModel:
+    if config.num_threads > 0:
+        torch.set_num_threads(config.num_threads)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    started = time.perf_counter()
+    path = resolve_model_path(config.model)
+    log.info("loading model %s on %s as %s", path, device, dtype)
+    hf_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=config.trust_remote_code)
+    model.to(device)
+    model.eval()
+    text_config = model.config.get_text_config()
+    max_pos = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None)
+    eos = _eos_ids(model)
+    log.info(
+        "loaded %s (%.1fM parameters) in %.1f s",
+        Path(path).name or path,
+        sum(p.numel() for p in model.parameters()) / 1e6,
+        time.perf_counter() - started,
+    )
+    return LoadedModel(model, Tokenizer(hf_tokenizer, eos), path, int(max_pos) if max_pos else None)
+
+
+def _eos_ids(model: PreTrainedModel) -> list[int]:
+    ids: list[int] = []
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.append(value)
+        elif isinstance(value, list | tuple):
+            ids.extend(int(v) for v in value)
+    return ids

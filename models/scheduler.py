@@ -1,0 +1,181 @@
+"""The scheduler: which sequences run this step, and in which KV slot. Pure Python.
+
+No torch, no asyncio, no clock: a synchronous state machine (add, schedule, append_token,
+finish, abort) that the engine thread drives and that tests drive with made-up token ids.
+
+Slots stay compact: running sequences occupy slots 0..num_running-1, so one decode step
+reads one contiguous block of the KV cache. When a sequence leaves, the sequence in the last
+slot moves into the hole; the move is reported in the next `SchedulerOutput` and the model
+runner copies that slot's cache before the forward pass. Nothing else is ever recomputed or
+copied when sequences join or leave.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from models.config import SchedulerConfig
+from models.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SlotMove:
+    src: int
+    dst: int
+    num_tokens: int  # cache positions [0, num_tokens) hold data worth copying
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    seq: Sequence
+    start: int  # first prompt position of this chunk
+    num_tokens: int
+
+    @property
+    def completes_prompt(self) -> bool:
+        return self.start + self.num_tokens == self.seq.num_prompt_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    moves: list[SlotMove] = field(default_factory=list)
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    decodes: list[Sequence] = field(default_factory=list)
+    num_slots: int = 0  # slots in use, prefilling ones included
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        return [chunk.seq for chunk in self.prefills] + self.decodes
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, eos_token_ids: Collection[int] = ()) -> None:
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        # Heap of (priority, arrival, seq); aborted entries are dropped lazily when they surface.
+        self._waiting: list[tuple[int, int, Sequence]] = []
+        self._waiting_ids: dict[str, Sequence] = {}
+        self.running: list[Sequence] = []  # running[i].slot == i
+        self._pending_moves: list[SlotMove] = []
+        self._num_arrivals = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting_ids)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting_ids or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        if seq.num_prompt_tokens == 0:
+            raise ValueError("a sequence needs at least one prompt token")
+        if seq.num_prompt_tokens >= self.config.max_model_len:
+            raise ValueError("the prompt does not fit the model's context length")
+        if seq.request_id in self._waiting_ids or any(s.request_id == seq.request_id for s in self.running):
+            raise ValueError(f"duplicate request id {seq.request_id!r}")
+        self._num_arrivals += 1
+        seq.arrival = self._num_arrivals
+        seq.status = SequenceStatus.WAITING
+        self._waiting_ids[seq.request_id] = seq
+        heapq.heappush(self._waiting, (seq.priority, seq.arrival, seq))
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step.
+
+        Every running sequence that has its prompt computed decodes one token. The rest of the
+        token budget (max_num_batched_tokens minus the decode rows) goes to prompt chunks:
+        first to sequences already part-way through their prompt, oldest first, then to waiting
+        sequences in (priority, arrival) order while a slot is free. A prompt larger than the
+        budget is split across steps, so running streams keep moving while it is computed.
+        """
+        out = SchedulerOutput(moves=self._pending_moves)
+        self._pending_moves = []
+        out.decodes = [seq for seq in self.running if not seq.is_prefilling]
+        budget = self.config.max_num_batched_tokens - len(out.decodes)
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.is_prefilling:
+                budget -= self._plan_chunk(out, seq, budget)
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self._pop_waiting()
+            if seq is None:
+                break
+            seq.status = SequenceStatus.RUNNING
+            seq.slot = len(self.running)
+            self.running.append(seq)
+            budget -= self._plan_chunk(out, seq, budget)
+        out.num_slots = len(self.running)
+        return out
+
+    def mark_computed(self, out: SchedulerOutput) -> None:
+        """The step's forward pass ran: its tokens' K/V are now in the cache."""
+        for chunk in out.prefills:
+            chunk.seq.num_computed_tokens += chunk.num_tokens
+        for seq in out.decodes:
+            seq.num_computed_tokens += 1
+
+    def append_token(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        """Record a sampled token; return why the sequence must stop, if it must."""
+        seq.output_token_ids.append(token_id)
+        params = seq.params
+        if not params.ignore_eos and token_id in self.eos_token_ids:
+            return FinishReason.STOP
+        if token_id in params.stop_token_ids:
+            return FinishReason.STOP
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Take a sequence out of the batch (or the queue); its slot is free by the next step."""
+        if seq.is_finished:
+            return
+        if seq.status is SequenceStatus.WAITING:
+            self._waiting_ids.pop(seq.request_id, None)
+        else:
+            self._release_slot(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def abort(self, request_id: str) -> Sequence | None:
+        seq = self._waiting_ids.get(request_id)
+        if seq is None:
+            seq = next((s for s in self.running if s.request_id == request_id), None)
+        if seq is not None:
+            self.finish(seq, FinishReason.ABORT)
+        return seq
+
+    def _plan_chunk(self, out: SchedulerOutput, seq: Sequence, budget: int) -> int:
+        num_tokens = min(seq.num_prompt_tokens - seq.num_computed_tokens, budget)
+        out.prefills.append(PrefillChunk(seq, seq.num_computed_tokens, num_tokens))
+        return num_tokens
+
+    def _pop_waiting(self) -> Sequence | None:
+        while self._waiting:
+            _, _, seq = heapq.heappop(self._waiting)
+            if self._waiting_ids.pop(seq.request_id, None) is seq:
+                return seq
+        return None
+
+    def _release_slot(self, seq: Sequence) -> None:
+        hole = seq.slot
+        last = self.running.pop()
+        if last is not seq:
+            self.running[hole] = last
+            last.slot = hole
+            # NOTE: cache positions of a mid-prefill sequence beyond num_computed_tokens are garbage
+            # and a decoding one's are all computed, so num_computed_tokens bounds the copy.
+            self._pending_moves.append(SlotMove(src=len(self.running), dst=hole, num_tokens=last.num_computed_tokens))
+        seq.slot = -1

@@ -1,0 +1,66 @@
+"""One generation request as the scheduler sees it: token ids and counters, no torch.
+
+A sequence stores counters; everything else is a derived property. Invariants:
+- `num_computed_tokens` tokens of the sequence have their K/V in the cache slot `slot`;
+- while prefilling, `num_computed_tokens < num_prompt_tokens`;
+- while decoding, `num_computed_tokens == num_tokens - 1` (the last sampled token is the next input).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from models.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # eos, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the model's context length
+    ABORT = "abort"  # the client went away
+    ERROR = "error"  # the forward pass or the engine failed
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+    # Set by the scheduler: admission order, the tie-breaker within a priority level.
+    arrival: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    slot: int = -1
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]

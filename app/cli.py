@@ -37,9 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    from app.server import serve
+    from app.server import serve as run_server
 
-    serve(settings)
+    run_server(settings)
     return 0
 
 

@@ -51,7 +51,9 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
             if state.engine is not None:
                 await asyncio.to_thread(state.engine.stop)
 
-    app = FastAPI(title="surge", version="0.1.0", lifespan=lifespan)
+    # NOTE: strict_content_type=False so `curl -d '{...}'` (sent as form-encoded) still parses as
+    # JSON, as it does with OpenAI and vLLM.
+    app = FastAPI(title="surge", version="0.1.0", lifespan=lifespan, strict_content_type=False)
     app.state.surge = state
     install_error_handlers(app)
     app.include_router(router)

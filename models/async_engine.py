@@ -12,6 +12,7 @@ place is free by the next step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -187,11 +188,10 @@ class AsyncEngine:
         self.core.abort_request(request_id)
 
     def _publish_threadsafe(self, outputs: list[RequestOutput]) -> None:
+        # A closed event loop raises RuntimeError: nobody is listening any more.
         if outputs:
-            try:
+            with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._dispatch, outputs)
-            except RuntimeError:  # the event loop is closed: nobody is listening any more
-                pass
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         groups = self._groups

@@ -42,7 +42,7 @@ class IncrementalDetokenizer:
         added = new_text[len(prefix_text) :]
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
-        # Keep the context window short: the decode cost must not grow with the output.
+        # Drop ids before the window: the decode window is already bounded, this bounds memory.
         if self._prefix_offset > 64:
             del self._ids[: self._prefix_offset]
             self._read_offset -= self._prefix_offset

@@ -57,6 +57,7 @@ class EngineCore:
         self.dead: BaseException | None = None
         self.is_warm = False
         self.num_steps = 0
+        self.num_aborted = 0  # requests taken out because their client went away
 
     # --- called from any thread -------------------------------------------------------
 
@@ -194,6 +195,7 @@ class EngineCore:
         seq = self.scheduler.abort(request_id)
         if seq is not None:
             self._requests.pop(request_id, None)
+            self.num_aborted += 1
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.scheduler.finish(seq, reason)

@@ -105,6 +105,10 @@ class SlotCache(Cache):
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
 
     @property
+    def slot_layers(self) -> list[SlotLayer]:
+        return self.layers  # type: ignore[return-value]  # built from SlotLayer only
+
+    @property
     def scratch_pos(self) -> int:
         return self.capacity
 
@@ -115,28 +119,26 @@ class SlotCache(Cache):
         if num_positions > self.max_len:
             raise ValueError(f"position {num_positions - 1} is beyond max_model_len {self.max_len}")
         capacity = min(max(num_positions, 2 * self.capacity), self.max_len)
-        for layer in self.layers:
-            assert isinstance(layer, SlotLayer)
+        for layer in self.slot_layers:
             layer.grow(capacity)
         self.capacity = capacity
 
     def move(self, src: int, dst: int, num_tokens: int) -> None:
-        for layer in self.layers:
-            assert isinstance(layer, SlotLayer)
+        for layer in self.slot_layers:
             layer.move(src, dst, num_tokens)
 
     def row_index(self, num_rows: int) -> torch.Tensor:
         # Cached arange per batch size: one fewer tensor allocation per layer per step.
         index = self._row_index.get(num_rows)
         if index is None:
-            device = next((la.keys.device for la in self.layers if la.keys is not None), None)
+            device = next((la.keys.device for la in self.slot_layers if la.keys is not None), None)
             index = torch.arange(num_rows, device=device)
             self._row_index[num_rows] = index
         return index
 
     def bytes_per_token(self) -> int:
         total = 0
-        for layer in self.layers:
+        for layer in self.slot_layers:
             if layer.keys is not None and layer.values is not None:
                 per_pos = layer.keys.shape[1] * layer.keys.shape[3] * layer.keys.element_size()
                 total += 2 * per_pos

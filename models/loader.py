@@ -65,7 +65,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     log.info("loading model %s on %s as %s", path, device, dtype)
     hf_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=config.trust_remote_code)
-    model.to(device)
+    model = model.to(device)  # type: ignore[arg-type]
     model.eval()
     text_config = model.config.get_text_config()
     max_pos = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None)

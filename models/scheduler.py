@@ -109,9 +109,10 @@ class Scheduler:
             if seq.is_prefilling:
                 budget -= self._plan_chunk(out, seq, budget)
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self._pop_waiting()
-            if seq is None:
+            admitted = self._pop_waiting()
+            if admitted is None:
                 break
+            seq = admitted
             seq.status = SequenceStatus.RUNNING
             seq.slot = len(self.running)
             self.running.append(seq)
@@ -143,14 +144,16 @@ class Scheduler:
         if seq.is_finished:
             return
         if seq.status is SequenceStatus.WAITING:
-            self._waiting_ids.pop(seq.request_id, None)
+            # Only if it is this very sequence: a retry may reuse the id of an aborted one.
+            if self._waiting_ids.get(seq.request_id) is seq:
+                del self._waiting_ids[seq.request_id]
         else:
             self._release_slot(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
     def abort(self, request_id: str) -> Sequence | None:
-        seq = self._waiting_ids.get(request_id)
+        seq: Sequence | None = self._waiting_ids.get(request_id)
         if seq is None:
             seq = next((s for s in self.running if s.request_id == request_id), None)
         if seq is not None:
@@ -165,7 +168,8 @@ class Scheduler:
     def _pop_waiting(self) -> Sequence | None:
         while self._waiting:
             _, _, seq = heapq.heappop(self._waiting)
-            if self._waiting_ids.pop(seq.request_id, None) is seq:
+            if self._waiting_ids.get(seq.request_id) is seq:
+                del self._waiting_ids[seq.request_id]
                 return seq
         return None
 

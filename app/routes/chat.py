@@ -102,7 +102,7 @@ async def _stream(
             if not outputs:
                 yield KEEPALIVE
                 continue
-            parts = []
+            parts: list[bytes] = []
             for out in outputs:
                 if out.error is not None:
                     yield b"".join(parts) + error_event(out.error) + DONE

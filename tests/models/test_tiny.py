@@ -85,10 +85,7 @@ def test_special_token_ids(tiny_s: Path) -> None:
     assert tokenizer.pad_token_id == endoftext
     # Special tokens are atomic in text and dropped by skip_special_tokens.
     assert tokenizer.encode("<|im_start|>user")[0] == im_start
-    assert (
-        tokenizer.decode([im_start, *tokenizer.encode("hi"), im_end, endoftext], skip_special_tokens=True)
-        == "hi"
-    )
+    assert tokenizer.decode([im_start, *tokenizer.encode("hi"), im_end, endoftext], skip_special_tokens=True) == "hi"
     generation = GenerationConfig.from_pretrained(tiny_s)
     assert generation.eos_token_id == [im_end, endoftext]
     assert generation.pad_token_id == endoftext
@@ -151,9 +148,7 @@ def test_tokenizer_compresses_english(tiny_s: Path) -> None:
 def test_each_arch_builds_and_generates(
     arch: str, sliding_window: int | None, model_class: str, tiny_s: Path, tmp_path: Path
 ) -> None:
-    model_dir = (
-        tiny_s if arch == "llama" else tiny.build_tiny("s", tmp_path, arch, sliding_window=sliding_window)
-    )
+    model_dir = tiny_s if arch == "llama" else tiny.build_tiny("s", tmp_path, arch, sliding_window=sliding_window)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     assert type(model).__name__ == model_class
@@ -211,9 +206,7 @@ def test_default_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert tiny.default_cache_dir() == Path.home() / ".cache" / "surge"
 
 
-def test_ensure_tiny_concurrent_builds_agree_then_cache(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_ensure_tiny_concurrent_builds_agree_then_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     barrier = threading.Barrier(2)
     results: list[Path] = []
     errors: list[BaseException] = []
@@ -245,9 +238,7 @@ def test_ensure_tiny_concurrent_builds_agree_then_cache(
     assert tiny.ensure_tiny(tmp_path, size="s") == model_dir
 
 
-def test_ensure_tiny_loser_of_race_uses_winners_build(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_ensure_tiny_loser_of_race_uses_winners_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # Simulate another process finishing first: the target appears while we are still building.
     target = tmp_path / f"tiny-s-v{tiny.BUILD_VERSION}"
 

@@ -1,0 +1,213 @@
+"""The OpenAI API end to end: a real uvicorn server, the official openai SDK and httpx."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.app.conftest import MODEL_NAME, LiveServer, running_server
+
+USER = [{"role": "user", "content": "Tell me about the sea."}]
+
+
+def sse_events(response: httpx.Response) -> list[str]:
+    return [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_chat_completion(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=12, temperature=0)
+    assert completion.id.startswith("chatcmpl-")
+    assert completion.object == "chat.completion"
+    assert completion.model == MODEL_NAME
+    choice = completion.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason in ("length", "stop")
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens <= 12
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+
+
+def test_stream_with_usage_matches_the_unstreamed_text(client: openai.OpenAI) -> None:
+    kwargs = dict(model=MODEL_NAME, messages=USER, max_tokens=30, temperature=0.9, seed=7)
+    whole = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    chunks = list(
+        client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})  # type: ignore[call-overload]
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].choices[0].delta.content == ""
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    finish = [c.choices[0].finish_reason for c in chunks[:-1] if c.choices[0].finish_reason]
+    assert finish == [whole.choices[0].finish_reason]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks[:-1])
+    assert text == whole.choices[0].message.content
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_stream_ends_with_done_and_sends_no_store_headers(server: LiveServer) -> None:
+    body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 5, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["cache-control"] == "no-store"
+        assert response.headers["x-accel-buffering"] == "no"
+        events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    assert all(json.loads(e)["object"] == "chat.completion.chunk" for e in events[:-1])
+
+
+def test_n_choices(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=8, n=2, seed=3)
+    assert [c.index for c in completion.choices] == [0, 1]
+    assert completion.choices[0].message.content != completion.choices[1].message.content
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=8, n=2, seed=3, stream=True)
+    texts = ["", ""]
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == [c.message.content for c in completion.choices]
+
+
+def test_stop_string_is_not_in_the_output(client: openai.OpenAI) -> None:
+    base = dict(model=MODEL_NAME, messages=USER, max_tokens=40, temperature=0)
+    full = client.chat.completions.create(**base).choices[0].message.content  # type: ignore[call-overload]
+    assert full is not None and len(full) > 12
+    stop = full[8:11]
+    cut = client.chat.completions.create(**base, stop=[stop, "never-there"])  # type: ignore[call-overload]
+    assert cut.choices[0].message.content == full[: full.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_logprobs(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(
+        model=MODEL_NAME, messages=USER, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = completion.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == completion.usage.completion_tokens  # type: ignore[union-attr]
+    for entry in content:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        # Greedy picks the most likely token: its logprob is the best of the alternatives.
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+
+
+def test_completions_with_several_prompts(client: openai.OpenAI) -> None:
+    completion = client.completions.create(model=MODEL_NAME, prompt=["Once upon", "In a"], max_tokens=5, n=2, seed=1)
+    assert completion.object == "text_completion"
+    assert completion.id.startswith("cmpl-")
+    assert [c.index for c in completion.choices] == [0, 1, 2, 3]
+    assert completion.usage is not None and completion.usage.completion_tokens <= 20
+    streamed = client.completions.create(model=MODEL_NAME, prompt="Once upon", max_tokens=5, stream=True, seed=2)
+    chunks = list(streamed)
+    assert all(c.object == "text_completion" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+
+
+def test_models_health_ready(server: LiveServer, client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL_NAME]
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{server.url}/ready").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"max_tokens": 600}, "messages"),  # prompt + max_tokens > max_model_len (512)
+        ({"temperature": 3.0}, "temperature"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"logit_bias": {"99999": 5}}, "logit_bias"),
+        ({"n": 0}, "n"),
+    ],
+)
+def test_bad_requests_are_400_before_any_stream(client: openai.OpenAI, kwargs: dict[str, object], param: str) -> None:
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL_NAME, messages=USER, stream=stream, **kwargs)  # type: ignore[call-overload]
+        assert info.value.status_code == 400
+        body = info.value.body
+        assert isinstance(body, dict) and body["type"] == "invalid_request_error"
+        assert body["param"] == param
+
+
+def test_context_overflow_has_openai_code(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "word " * 600}])
+    assert info.value.code == "context_length_exceeded"
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-9", messages=USER)
+    assert info.value.code == "model_not_found"
+
+
+def test_unknown_fields_are_ignored(server: LiveServer) -> None:
+    body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 3, "some_future_field": {"x": 1}}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    assert response.status_code == 200
+
+
+def test_oversized_body_is_413(server: LiveServer, client: openai.OpenAI) -> None:
+    huge = "x" * (9 * 1024 * 1024)
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": huge}])
+    assert info.value.status_code == 413
+
+
+def test_disconnect_mid_stream_frees_the_engine(server: LiveServer) -> None:
+    body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 400, "stream": True, "ignore_eos": True}
+    aborted = server.engine.core.num_aborted
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+        lines = response.iter_lines()
+        for _ in range(6):
+            next(lines)
+        assert server.engine.core.num_running == 1
+    server.wait_idle()
+    assert server.engine.core.num_aborted == aborted + 1
+    # The server serves the next request normally.
+    after = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "stream": False, "max_tokens": 3})
+    assert after.status_code == 200
+
+
+def test_disconnect_of_a_non_streamed_request_aborts_it(server: LiveServer) -> None:
+    body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 450, "ignore_eos": True}
+    aborted = server.engine.core.num_aborted
+    done = threading.Event()
+
+    def post() -> None:
+        with contextlib.suppress(httpx.TimeoutException):
+            httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=0.15)
+        done.set()
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while server.engine.core.num_running == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    thread.join()
+    assert done.is_set()
+    server.wait_idle(timeout=5)
+    assert server.engine.core.num_aborted == aborted + 1
+
+
+def test_api_keys(tiny_model_dir: Path) -> None:
+    with running_server(tiny_model_dir, max_model_len=256, max_num_seqs=2, api_key=("k1", "k2")) as live:
+        good = openai.OpenAI(base_url=f"{live.url}/v1", api_key="k2", max_retries=0)
+        assert good.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=2).choices
+        bad = openai.OpenAI(base_url=f"{live.url}/v1", api_key="nope", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=2)
+        assert httpx.post(f"{live.url}/v1/chat/completions", json={}).status_code == 401
+        assert httpx.get(f"{live.url}/health").status_code == 200
+        assert httpx.get(f"{live.url}/ready").status_code == 200

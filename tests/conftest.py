@@ -1,0 +1,25 @@
+"""Shared fixtures: tiny model directories built once per test session, offline."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# No test may reach a model hub: everything is built locally.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(model_root: Path) -> Path:
+    """The `s` tiny Llama: the model every engine and HTTP test serves."""
+    from models.tiny import build_tiny
+
+    return build_tiny("s", model_root / "llama-s")

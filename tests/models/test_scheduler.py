@@ -1,0 +1,646 @@
+"""Tests for models/scheduler.py: a pure state machine, driven with made-up token ids and no model.
+
+`_engine_step` mirrors the engine loop (schedule, run, mark_computed, append_token, finish), and
+`_SimulatedCache` stands in for the KV cache: it records which request's data each slot holds and
+how many positions of it are valid, applies the reported slot moves in order, and checks that every
+chunk and decode writes on top of that same sequence's data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+
+import pytest
+
+from models.config import SchedulerConfig
+from models.sampling_params import SamplingParams
+from models.scheduler import PrefillChunk, Scheduler, SchedulerOutput, SlotMove
+from models.sequence import FinishReason, Sequence, SequenceStatus
+
+EOS = 2
+TOKEN = 50  # an ordinary sampled token: neither eos nor a stop token
+
+
+def _config(max_num_seqs: int = 4, max_num_batched_tokens: int = 64, max_model_len: int = 256) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len
+    )
+
+
+def _scheduler(**kwargs: int) -> Scheduler:
+    return Scheduler(_config(**kwargs), eos_token_ids=[EOS])
+
+
+def _seq(
+    request_id: str,
+    num_prompt_tokens: int = 4,
+    *,
+    max_tokens: int = 16,
+    priority: int = 0,
+    ignore_eos: bool = False,
+    stop_token_ids: tuple[int, ...] = (),
+) -> Sequence:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_token_ids)
+    return Sequence(request_id, [100 + i for i in range(num_prompt_tokens)], params, priority)
+
+
+def _engine_step(scheduler: Scheduler, sample: Callable[[Sequence], int] = lambda seq: TOKEN) -> SchedulerOutput:
+    """One engine step as models/engine.py runs it, with `sample` in place of the model."""
+    out = scheduler.schedule()
+    scheduler.mark_computed(out)
+    sampled = [chunk.seq for chunk in out.prefills if chunk.completes_prompt] + out.decodes
+    for seq in sampled:
+        reason = scheduler.append_token(seq, sample(seq))
+        if reason is not None:
+            scheduler.finish(seq, reason)
+    return out
+
+
+def _assert_compact(scheduler: Scheduler) -> None:
+    assert [seq.slot for seq in scheduler.running] == list(range(scheduler.num_running))
+    assert all(seq.status is SequenceStatus.RUNNING for seq in scheduler.running)
+
+
+def _num_step_tokens(out: SchedulerOutput) -> int:
+    return sum(chunk.num_tokens for chunk in out.prefills) + len(out.decodes)
+
+
+class _SimulatedCache:
+    """slot -> (request_id, number of valid positions), as the model runner's KV cache would hold."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self.slots: dict[int, tuple[str, int]] = {}
+
+    def apply_moves(self, moves: list[SlotMove]) -> None:
+        for move in moves:
+            assert 0 <= move.dst < move.src < self.num_slots, move
+            request_id, num_valid = self.slots[move.src]
+            assert move.num_tokens <= num_valid, f"{move} copies positions the source slot never computed"
+            self.slots[move.dst] = (request_id, move.num_tokens)
+
+    def prefill(self, chunk: PrefillChunk) -> None:
+        slot = chunk.seq.slot
+        assert 0 <= slot < self.num_slots
+        if chunk.start > 0:
+            # A later chunk attends to the earlier ones: they must be this sequence's, in this slot.
+            assert self.slots.get(slot) == (chunk.seq.request_id, chunk.start), (chunk, self.slots.get(slot))
+        self.slots[slot] = (chunk.seq.request_id, chunk.start + chunk.num_tokens)
+
+    def decode(self, seq: Sequence) -> None:
+        assert self.slots.get(seq.slot) == (seq.request_id, seq.num_computed_tokens), (seq, self.slots.get(seq.slot))
+        self.slots[seq.slot] = (seq.request_id, seq.num_computed_tokens + 1)
+
+    def run(self, out: SchedulerOutput) -> None:
+        """What the model runner does with one step's plan, before mark_computed."""
+        assert out.num_slots <= self.num_slots
+        self.apply_moves(out.moves)
+        for chunk in out.prefills:
+            self.prefill(chunk)
+        for seq in out.decodes:
+            self.decode(seq)
+
+
+# --- admission -------------------------------------------------------------------------------
+
+
+def test_admits_up_to_max_num_seqs_and_the_rest_wait() -> None:
+    scheduler = _scheduler(max_num_seqs=2)
+    seqs = [_seq(f"r{i}") for i in range(3)]
+    for seq in seqs:
+        scheduler.add(seq)
+    assert (scheduler.num_waiting, scheduler.num_running) == (3, 0)
+
+    out = scheduler.schedule()
+
+    assert [chunk.seq for chunk in out.prefills] == seqs[:2]
+    assert [(chunk.start, chunk.num_tokens) for chunk in out.prefills] == [(0, 4), (0, 4)]
+    assert out.decodes == []
+    assert out.num_slots == 2
+    assert (scheduler.num_waiting, scheduler.num_running) == (1, 2)
+    assert seqs[2].status is SequenceStatus.WAITING and seqs[2].slot == -1
+    _assert_compact(scheduler)
+
+
+def test_waiting_sequence_takes_the_slot_a_finished_one_frees() -> None:
+    scheduler = _scheduler(max_num_seqs=2)
+    a, b, c = _seq("a"), _seq("b"), _seq("c")
+    for seq in (a, b, c):
+        scheduler.add(seq)
+    _engine_step(scheduler)
+    scheduler.finish(a, FinishReason.STOP)
+
+    out = scheduler.schedule()
+
+    # b moved from the last slot into a's hole; c joins at the end.
+    assert out.moves == [SlotMove(src=1, dst=0, num_tokens=4)]
+    assert out.decodes == [b]
+    assert [chunk.seq for chunk in out.prefills] == [c]
+    assert scheduler.running == [b, c]
+    _assert_compact(scheduler)
+
+
+def test_priority_admits_lower_first_and_fifo_within_a_level() -> None:
+    scheduler = _scheduler(max_num_seqs=1)
+    seqs = [
+        _seq("low", priority=5),
+        _seq("high-1", priority=-1),
+        _seq("mid", priority=0),
+        _seq("high-2", priority=-1),
+        _seq("mid-2", priority=0),
+    ]
+    for seq in seqs:
+        scheduler.add(seq)
+
+    admitted = []
+    while scheduler.has_work:
+        out = scheduler.schedule()
+        assert len(out.prefills) == 1
+        admitted.append(out.prefills[0].seq.request_id)
+        scheduler.finish(out.prefills[0].seq, FinishReason.STOP)
+
+    assert admitted == ["high-1", "high-2", "mid", "mid-2", "low"]
+
+
+def test_add_rejects_an_empty_prompt() -> None:
+    scheduler = _scheduler()
+    with pytest.raises(ValueError, match="at least one prompt token"):
+        scheduler.add(_seq("a", num_prompt_tokens=0))
+    assert not scheduler.has_work
+
+
+@pytest.mark.parametrize("num_prompt_tokens", [32, 33])
+def test_add_rejects_a_prompt_that_leaves_no_room_to_generate(num_prompt_tokens: int) -> None:
+    scheduler = _scheduler(max_model_len=32)
+    with pytest.raises(ValueError, match="context length"):
+        scheduler.add(_seq("a", num_prompt_tokens=num_prompt_tokens))
+    assert not scheduler.has_work
+
+
+def test_add_accepts_a_prompt_one_short_of_max_model_len_and_it_gets_one_token() -> None:
+    scheduler = _scheduler(max_model_len=32)
+    seq = _seq("a", num_prompt_tokens=31, max_tokens=100)
+    scheduler.add(seq)
+    _engine_step(scheduler)
+    assert seq.finish_reason is FinishReason.LENGTH
+    assert seq.num_output_tokens == 1
+
+
+def test_add_rejects_a_duplicate_of_a_waiting_id() -> None:
+    scheduler = _scheduler()
+    scheduler.add(_seq("a"))
+    with pytest.raises(ValueError, match="duplicate"):
+        scheduler.add(_seq("a"))
+    assert scheduler.num_waiting == 1
+
+
+def test_add_rejects_a_duplicate_of_a_running_id() -> None:
+    scheduler = _scheduler()
+    scheduler.add(_seq("a"))
+    scheduler.schedule()
+    with pytest.raises(ValueError, match="duplicate"):
+        scheduler.add(_seq("a"))
+    assert (scheduler.num_waiting, scheduler.num_running) == (0, 1)
+
+
+def test_id_of_a_finished_sequence_can_be_reused() -> None:
+    scheduler = _scheduler()
+    first = _seq("a", max_tokens=1)
+    scheduler.add(first)
+    _engine_step(scheduler)
+    assert first.is_finished
+
+    second = _seq("a", max_tokens=1)
+    scheduler.add(second)
+    out = _engine_step(scheduler)
+
+    assert [chunk.seq for chunk in out.prefills] == [second]
+    assert second.finish_reason is FinishReason.LENGTH
+
+
+def test_readded_request_id_after_abort_while_waiting_is_scheduled() -> None:
+    scheduler = _scheduler()
+    scheduler.add(_seq("a"))
+    scheduler.abort("a")
+    retry = _seq("a")
+    scheduler.add(retry)
+    assert scheduler.num_waiting == 1
+
+    out = scheduler.schedule()
+
+    assert [chunk.seq for chunk in out.prefills] == [retry]
+    assert retry.status is SequenceStatus.RUNNING
+
+
+# --- slots and moves -------------------------------------------------------------------------
+
+
+def _running_batch(scheduler: Scheduler, num_seqs: int) -> list[Sequence]:
+    """Admit num_seqs sequences with distinct prompt lengths and run them to their first decode."""
+    seqs = [_seq(f"r{i}", num_prompt_tokens=3 + i) for i in range(num_seqs)]
+    for seq in seqs:
+        scheduler.add(seq)
+    _engine_step(scheduler)
+    assert scheduler.running == seqs
+    return seqs
+
+
+def test_finish_moves_the_last_slot_into_the_hole_and_reports_it_once() -> None:
+    scheduler = _scheduler(max_num_seqs=4)
+    r0, r1, r2, r3 = _running_batch(scheduler, 4)
+
+    scheduler.finish(r1, FinishReason.STOP)
+
+    assert scheduler.running == [r0, r3, r2]
+    assert r1.slot == -1
+    _assert_compact(scheduler)
+    out = _engine_step(scheduler)
+    # r3 had its 6-token prompt computed; its first output token is not in the cache yet.
+    assert out.moves == [SlotMove(src=3, dst=1, num_tokens=6)]
+    assert out.num_slots == 3
+    assert _engine_step(scheduler).moves == []
+
+
+def test_finishing_the_last_slot_moves_nothing() -> None:
+    scheduler = _scheduler(max_num_seqs=4)
+    r0, r1, r2 = _running_batch(scheduler, 3)
+
+    scheduler.finish(r2, FinishReason.STOP)
+
+    assert scheduler.running == [r0, r1]
+    assert scheduler.schedule().moves == []
+
+
+def test_several_finishes_before_a_step_report_moves_that_replay_in_order() -> None:
+    scheduler = _scheduler(max_num_seqs=4)
+    r0, r1, r2, r3 = _running_batch(scheduler, 4)
+
+    scheduler.finish(r1, FinishReason.STOP)  # r3: 3 -> 1
+    scheduler.finish(r3, FinishReason.STOP)  # r2: 2 -> 1, over r3's copy
+    scheduler.finish(r0, FinishReason.ABORT)  # r2: 1 -> 0
+
+    assert scheduler.running == [r2]
+    out = scheduler.schedule()
+    assert out.moves == [
+        SlotMove(src=3, dst=1, num_tokens=6),
+        SlotMove(src=2, dst=1, num_tokens=5),
+        SlotMove(src=1, dst=0, num_tokens=5),
+    ]
+    cache = {0: "r0", 1: "r1", 2: "r2", 3: "r3"}
+    for move in out.moves:
+        cache[move.dst] = cache[move.src]
+    assert cache[0] == "r2"
+
+
+def test_move_of_a_mid_prefill_sequence_copies_only_its_computed_tokens() -> None:
+    scheduler = _scheduler(max_num_seqs=4, max_num_batched_tokens=16)
+    a = _seq("a", num_prompt_tokens=4)
+    long = _seq("long", num_prompt_tokens=40)
+    scheduler.add(a)
+    scheduler.add(long)
+    _engine_step(scheduler)  # a: 4 prompt tokens; long: 12 of its 40
+    assert long.num_computed_tokens == 12
+
+    scheduler.finish(a, FinishReason.STOP)
+    out = scheduler.schedule()
+
+    assert out.moves == [SlotMove(src=1, dst=0, num_tokens=12)]
+    assert out.prefills == [PrefillChunk(long, 12, 16)]
+
+
+def test_finish_twice_releases_the_slot_once() -> None:
+    scheduler = _scheduler(max_num_seqs=4)
+    r0, r1, r2 = _running_batch(scheduler, 3)
+
+    scheduler.finish(r0, FinishReason.STOP)
+    scheduler.finish(r0, FinishReason.ERROR)
+
+    assert r0.finish_reason is FinishReason.STOP
+    assert scheduler.running == [r2, r1]
+    _assert_compact(scheduler)
+    assert scheduler.schedule().moves == [SlotMove(src=2, dst=0, num_tokens=5)]
+
+
+def _check_random_run(seed: int, num_adding_steps: int) -> int:
+    """Random adds, steps, stop tokens and aborts against a simulated cache; return finished count."""
+    rng = random.Random(seed)
+    config = _config(max_num_seqs=rng.randint(1, 6), max_num_batched_tokens=rng.choice([8, 13, 32]), max_model_len=48)
+    scheduler = Scheduler(config, eos_token_ids=[EOS])
+    cache = _SimulatedCache(config.max_num_seqs)
+    waiting: dict[str, Sequence] = {}  # the test's own view of the queue
+    live: dict[str, Sequence] = {}
+    num_finished = 0
+    next_id = 0
+
+    def sample(seq: Sequence) -> int:
+        return EOS if rng.random() < 0.05 else TOKEN
+
+    for step in itertools.count():
+        adding = step < num_adding_steps  # then no more arrivals: the run drains
+        if not adding and not scheduler.has_work:
+            break
+        assert step < 50 * num_adding_steps, "the scheduler stopped making progress"
+        for _ in range(rng.choice([0, 0, 0, 1, 1, 2, 3]) if adding else 0):
+            seq = _seq(
+                f"s{next_id}",
+                num_prompt_tokens=rng.randint(1, 40),
+                max_tokens=rng.randint(1, 12),
+                priority=rng.randint(-2, 2),
+            )
+            next_id += 1
+            scheduler.add(seq)
+            waiting[seq.request_id] = seq
+            live[seq.request_id] = seq
+        # Aborts arrive between steps, for waiting or running sequences alike.
+        if live and rng.random() < 0.15:
+            request_id = rng.choice(sorted(live))
+            aborted = scheduler.abort(request_id)
+            assert aborted is not None and aborted is live.pop(request_id)
+            waiting.pop(request_id, None)
+            assert aborted.finish_reason is FinishReason.ABORT and aborted.slot == -1
+            num_finished += 1
+        _assert_compact(scheduler)
+
+        out = scheduler.schedule()
+
+        cache.run(out)
+        assert out.num_slots == scheduler.num_running <= config.max_num_seqs
+        assert _num_step_tokens(out) <= config.max_num_batched_tokens
+        assert len({id(seq) for seq in out.sequences}) == len(out.sequences)
+        assert all(seq.request_id in live and not seq.is_prefilling for seq in out.decodes)
+        # Every running sequence that has its prompt computed decodes: none is starved.
+        assert set(map(id, out.decodes)) == {id(seq) for seq in scheduler.running if not seq.is_prefilling}
+        for chunk in out.prefills:
+            assert chunk.start == chunk.seq.num_computed_tokens and chunk.num_tokens > 0
+            if chunk.seq.request_id in waiting:
+                # Admission in (priority, arrival) order: nobody still waiting should have gone first.
+                admitted = waiting.pop(chunk.seq.request_id)
+                assert all((s.priority, s.arrival) > (admitted.priority, admitted.arrival) for s in waiting.values())
+        _assert_compact(scheduler)
+
+        scheduler.mark_computed(out)
+        # The invariant the model runner relies on: once the step's moves are applied and its
+        # forward pass has run, every running sequence's K/V, all of it, is in its own slot.
+        for seq in scheduler.running:
+            assert cache.slots[seq.slot] == (seq.request_id, seq.num_computed_tokens)
+        for seq in [chunk.seq for chunk in out.prefills if chunk.completes_prompt] + out.decodes:
+            assert seq.num_computed_tokens == seq.num_tokens
+            reason = scheduler.append_token(seq, sample(seq))
+            if reason is not None:
+                scheduler.finish(seq, reason)
+                del live[seq.request_id]
+                num_finished += 1
+                assert seq.num_output_tokens <= seq.params.max_tokens
+                assert seq.num_tokens <= config.max_model_len
+
+        for seq in scheduler.running:
+            if seq.output_token_ids:
+                assert seq.num_computed_tokens == seq.num_tokens - 1
+            else:
+                assert 0 < seq.num_computed_tokens < seq.num_prompt_tokens
+        # A chunk smaller than the rest of a prompt uses up the budget, so at most one is part-way.
+        assert sum(1 for seq in scheduler.running if 0 < seq.num_computed_tokens < seq.num_prompt_tokens) <= 1
+        assert scheduler.num_waiting == len(waiting)
+        assert scheduler.num_running == len(live) - len(waiting)
+
+    assert not live
+    assert num_finished == next_id
+    return num_finished
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_traffic_keeps_every_running_sequence_in_its_own_slot(seed: int) -> None:
+    num_finished = _check_random_run(seed, num_adding_steps=200)
+    assert num_finished > 50  # the run exercised real traffic, not an idle scheduler
+
+
+# --- chunked prefill -------------------------------------------------------------------------
+
+
+def test_long_prompt_is_split_across_steps_while_running_sequences_decode() -> None:
+    scheduler = _scheduler(max_num_seqs=4, max_num_batched_tokens=16)
+    a, b = _seq("a", max_tokens=100), _seq("b", max_tokens=100)
+    scheduler.add(a)
+    scheduler.add(b)
+    _engine_step(scheduler)
+    long = _seq("long", num_prompt_tokens=40)
+    scheduler.add(long)
+
+    chunks = []
+    while long.is_prefilling:
+        out = _engine_step(scheduler)
+        assert out.decodes == [a, b]
+        assert _num_step_tokens(out) <= 16
+        chunks.append((out.prefills[0].start, out.prefills[0].num_tokens, out.prefills[0].completes_prompt))
+
+    # Budget per step: 16 tokens minus the 2 decode rows.
+    assert chunks == [(0, 14, False), (14, 14, False), (28, 12, True)]
+    assert long.num_output_tokens == 1
+    assert a.num_output_tokens == b.num_output_tokens == 4
+    assert _engine_step(scheduler).decodes == [a, b, long]
+
+
+def test_chunk_budget_is_max_num_batched_tokens_minus_num_decodes() -> None:
+    scheduler = _scheduler(max_num_seqs=8, max_num_batched_tokens=30)
+    decoding = _running_batch(scheduler, 5)
+    scheduler.add(_seq("long", num_prompt_tokens=100))
+
+    out = scheduler.schedule()
+
+    assert out.decodes == decoding
+    assert [(chunk.start, chunk.num_tokens) for chunk in out.prefills] == [(0, 25)]
+
+
+def test_prefill_under_way_gets_the_budget_before_new_admissions() -> None:
+    scheduler = _scheduler(max_num_seqs=4, max_num_batched_tokens=16)
+    long = _seq("long", num_prompt_tokens=40, priority=5)
+    scheduler.add(long)
+    _engine_step(scheduler)
+    urgent = _seq("urgent", priority=-5)
+    scheduler.add(urgent)
+
+    out = _engine_step(scheduler)
+
+    # The continuing prompt takes the whole budget; the new sequence, however urgent, waits.
+    assert out.prefills == [PrefillChunk(long, 16, 16)]
+    assert scheduler.num_waiting == 1
+    out = _engine_step(scheduler)
+    assert [(chunk.seq.request_id, chunk.start, chunk.num_tokens) for chunk in out.prefills] == [
+        ("long", 32, 8),
+        ("urgent", 0, 4),
+    ]
+
+
+def test_leftover_budget_after_a_completed_prompt_admits_the_next_sequence() -> None:
+    scheduler = _scheduler(max_num_seqs=4, max_num_batched_tokens=16)
+    first, second = _seq("first", num_prompt_tokens=10), _seq("second", num_prompt_tokens=10)
+    scheduler.add(first)
+    scheduler.add(second)
+
+    out = scheduler.schedule()
+
+    assert out.prefills == [PrefillChunk(first, 0, 10), PrefillChunk(second, 0, 6)]
+    assert out.prefills[0].completes_prompt and not out.prefills[1].completes_prompt
+
+
+# --- abort -----------------------------------------------------------------------------------
+
+
+def test_abort_of_a_waiting_sequence_removes_it_from_the_queue() -> None:
+    scheduler = _scheduler(max_num_seqs=1)
+    a, b, c = _seq("a"), _seq("b"), _seq("c")
+    for seq in (a, b, c):
+        scheduler.add(seq)
+    scheduler.schedule()
+    assert scheduler.num_waiting == 2
+
+    assert scheduler.abort("b") is b
+
+    assert scheduler.num_waiting == 1
+    assert b.status is SequenceStatus.FINISHED and b.finish_reason is FinishReason.ABORT
+    scheduled = []
+    while scheduler.has_work:
+        out = _engine_step(scheduler)
+        scheduled += [seq.request_id for seq in out.sequences]
+    assert "b" not in scheduled
+    assert "c" in scheduled
+    assert b.num_computed_tokens == 0 and b.output_token_ids == []
+
+
+def test_abort_of_the_only_waiting_sequence_leaves_no_work() -> None:
+    scheduler = _scheduler()
+    scheduler.add(_seq("a"))
+    scheduler.abort("a")
+    assert not scheduler.has_work
+    assert scheduler.schedule().is_empty
+
+
+def test_abort_of_a_running_sequence_frees_its_slot_by_the_next_schedule() -> None:
+    scheduler = _scheduler(max_num_seqs=2)
+    a, b = _seq("a"), _seq("b")
+    scheduler.add(a)
+    scheduler.add(b)
+    _engine_step(scheduler)
+    c = _seq("c")
+    scheduler.add(c)
+
+    assert scheduler.abort("a") is a
+
+    assert a.finish_reason is FinishReason.ABORT and a.slot == -1
+    out = scheduler.schedule()
+    assert out.moves == [SlotMove(src=1, dst=0, num_tokens=4)]
+    assert out.decodes == [b]
+    assert [chunk.seq for chunk in out.prefills] == [c]
+    assert c.slot == 1
+    _assert_compact(scheduler)
+
+
+def test_abort_of_an_unknown_id_returns_none() -> None:
+    scheduler = _scheduler()
+    scheduler.add(_seq("a"))
+    assert scheduler.abort("nope") is None
+    assert scheduler.num_waiting == 1
+
+
+def test_abort_of_a_finished_id_returns_none() -> None:
+    scheduler = _scheduler()
+    seq = _seq("a", max_tokens=1)
+    scheduler.add(seq)
+    _engine_step(scheduler)
+    assert seq.finish_reason is FinishReason.LENGTH
+    assert scheduler.abort("a") is None
+    assert seq.finish_reason is FinishReason.LENGTH
+
+
+# --- append_token and mark_computed ----------------------------------------------------------
+
+
+def _decoding(scheduler: Scheduler, seq: Sequence) -> Sequence:
+    scheduler.add(seq)
+    scheduler.mark_computed(scheduler.schedule())
+    return seq
+
+
+def test_append_token_stops_on_eos() -> None:
+    scheduler = _scheduler()
+    seq = _decoding(scheduler, _seq("a"))
+    assert scheduler.append_token(seq, TOKEN) is None
+    assert scheduler.append_token(seq, EOS) is FinishReason.STOP
+    assert seq.output_token_ids == [TOKEN, EOS]
+
+
+def test_append_token_ignores_eos_with_ignore_eos() -> None:
+    scheduler = _scheduler()
+    seq = _decoding(scheduler, _seq("a", ignore_eos=True))
+    assert scheduler.append_token(seq, EOS) is None
+
+
+def test_append_token_stops_on_a_stop_token_id_even_with_ignore_eos() -> None:
+    scheduler = _scheduler()
+    seq = _decoding(scheduler, _seq("a", ignore_eos=True, stop_token_ids=(77, 78)))
+    assert scheduler.append_token(seq, TOKEN) is None
+    assert scheduler.append_token(seq, 78) is FinishReason.STOP
+
+
+def test_append_token_stops_at_max_tokens_with_length() -> None:
+    scheduler = _scheduler()
+    seq = _decoding(scheduler, _seq("a", max_tokens=3))
+    assert [scheduler.append_token(seq, TOKEN) for _ in range(3)] == [None, None, FinishReason.LENGTH]
+
+
+def test_append_token_stop_token_at_max_tokens_is_stop() -> None:
+    scheduler = _scheduler()
+    seq = _decoding(scheduler, _seq("a", max_tokens=1))
+    assert scheduler.append_token(seq, EOS) is FinishReason.STOP
+
+
+def test_append_token_stops_at_max_model_len_with_length() -> None:
+    scheduler = _scheduler(max_model_len=10)
+    seq = _decoding(scheduler, _seq("a", num_prompt_tokens=7, max_tokens=100))
+    assert [scheduler.append_token(seq, TOKEN) for _ in range(3)] == [None, None, FinishReason.LENGTH]
+    assert seq.num_tokens == 10
+
+
+def test_mark_computed_counts_chunks_and_decodes() -> None:
+    scheduler = _scheduler(max_num_seqs=4, max_num_batched_tokens=16)
+    a = _seq("a", num_prompt_tokens=5)
+    long = _seq("long", num_prompt_tokens=30)
+    scheduler.add(a)
+    scheduler.add(long)
+
+    out = scheduler.schedule()
+    assert (a.num_computed_tokens, long.num_computed_tokens) == (0, 0)  # planned, not yet run
+    scheduler.mark_computed(out)
+    assert (a.num_computed_tokens, long.num_computed_tokens) == (5, 11)
+    scheduler.append_token(a, TOKEN)
+
+    scheduler.mark_computed(scheduler.schedule())
+    assert (a.num_computed_tokens, long.num_computed_tokens) == (6, 26)
+    # A decoding sequence has every token but the last sampled one in the cache.
+    assert a.num_computed_tokens == a.num_tokens
+    scheduler.append_token(a, TOKEN)
+    assert a.num_computed_tokens == a.num_tokens - 1
+
+
+# --- counters --------------------------------------------------------------------------------
+
+
+def test_has_work_and_counts_follow_a_request_through_its_life() -> None:
+    scheduler = _scheduler(max_num_seqs=1)
+    assert (scheduler.has_work, scheduler.num_waiting, scheduler.num_running) == (False, 0, 0)
+    a, b = _seq("a", max_tokens=2), _seq("b", max_tokens=1)
+    scheduler.add(a)
+    scheduler.add(b)
+    assert (scheduler.has_work, scheduler.num_waiting, scheduler.num_running) == (True, 2, 0)
+
+    _engine_step(scheduler)
+    assert (scheduler.has_work, scheduler.num_waiting, scheduler.num_running) == (True, 1, 1)
+    _engine_step(scheduler)  # a reaches max_tokens and leaves
+    assert a.finish_reason is FinishReason.LENGTH
+    assert (scheduler.has_work, scheduler.num_waiting, scheduler.num_running) == (True, 1, 0)
+    _engine_step(scheduler)  # b is admitted, prefilled and finishes on its first token
+    assert b.finish_reason is FinishReason.LENGTH
+    assert (scheduler.has_work, scheduler.num_waiting, scheduler.num_running) == (False, 0, 0)
+    assert scheduler.schedule().is_empty

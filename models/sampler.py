@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from models.sampling_params import SamplingParams
 
@@ -84,7 +83,6 @@ class Sampler:
             # The common case pays for one argmax and one device-to-host copy.
             return SampleResult(logits.argmax(-1).tolist(), [None] * len(rows))
 
-        x = _processed_logits(logits, rows)  # (B, V) float32
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # (B,)
         greedy: list[int] = []
         by_top_k: dict[int, list[int]] = {}  # 0: no top-k (whole vocabulary)
@@ -95,9 +93,12 @@ class Sampler:
                 top_k = row.params.top_k if row.params.top_k < self.vocab_size else 0
                 by_top_k.setdefault(top_k, []).append(i)
         if greedy:
-            tokens[_index(greedy, x.device)] = _take_rows(x, greedy).argmax(-1)
+            x = _group_logits(logits, rows, greedy, private=False)  # (g, V)
+            tokens[_index(greedy, logits.device)] = x.argmax(-1)
         for top_k, group in by_top_k.items():
-            tokens[_index(group, x.device)] = _sample_group(_take_rows(x, group), top_k, [rows[i] for i in group])
+            # Only the whole-vocabulary path works in place, so only it needs a private copy.
+            x = _group_logits(logits, rows, group, private=top_k == 0)  # (n, V)
+            tokens[_index(group, logits.device)] = _sample_group(x, top_k, [rows[i] for i in group])
 
         token_ids = tokens.tolist()
         return SampleResult(token_ids, _logprobs(logits, rows, tokens, token_ids))
@@ -118,20 +119,25 @@ def _take_rows(x: torch.Tensor, positions: list[int]) -> torch.Tensor:
     return x.index_select(0, _index(positions, x.device))
 
 
-def _processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """(B, V) float32 logits after logit_bias and penalties, the order OpenAI documents.
+def _group_logits(
+    logits: torch.Tensor, rows: Sequence[SamplingRow], group: list[int], *, private: bool
+) -> torch.Tensor:
+    """(n, V) float32 logits of the rows at `group`, after logit_bias and penalties (OpenAI's order).
 
-    May return `logits` itself (when already float32 and nothing applies): read-only.
+    A private copy when `private`, or when something had to be applied; otherwise possibly
+    `logits` itself, so read-only. NOTE: each row is copied at most once per step: large fresh
+    allocations cost page faults on CPU (about as much as the arithmetic, at 151936 columns).
     """
-    has_bias = any(row.params.logit_bias for row in rows)
-    has_penalties = any(row.params.has_penalties and row.output_token_ids for row in rows)
-    if not (has_bias or has_penalties):
-        return logits.float()
-    x = logits.to(torch.float32, copy=True)
+    group_rows = [rows[i] for i in group]
+    has_bias = any(row.params.logit_bias for row in group_rows)
+    has_penalties = any(row.params.has_penalties and row.output_token_ids for row in group_rows)
+    x = _take_rows(logits, group)
+    copied = x is not logits
+    x = x.to(torch.float32, copy=not copied and (private or has_bias or has_penalties))
     if has_bias:
-        _add_logit_bias(x, rows)
+        _add_logit_bias(x, group_rows)
     if has_penalties:
-        _apply_penalties(x, rows)
+        _apply_penalties(x, group_rows)
     return x
 
 
@@ -240,12 +246,13 @@ def _sample_nucleus(
 ) -> torch.Tensor:
     """A draw from the whole vocabulary, restricted to the top-p nucleus where top_p < 1. (n,)
 
-    Token t is in the nucleus iff the mass of tokens strictly more probable than t is short of
-    top_p. Drawing from the whole distribution and keeping only nucleus samples is exactly a
-    draw from the renormalised nucleus.
+    x (n, V) is overwritten. Token t is in the nucleus iff the mass of tokens strictly more
+    probable than t is short of top_p; unlike the top-k path's shortest prefix, tokens tied in
+    probability are thus all in or all out. Drawing from the whole distribution and keeping only
+    nucleus samples is exactly a draw from the renormalised nucleus.
     """
-    # amax, not max: no indices needed, and several times faster on CPU. One allocation.
-    weights = x.sub(x.amax(-1, keepdim=True)).div_(temperature).exp_()  # (n, V) unnormalised, max 1
+    # amax, not max: no indices needed, and several times faster on CPU.
+    weights = x.sub_(x.amax(-1, keepdim=True)).div_(temperature).exp_()  # (n, V) unnormalised, max 1
     cumulative = weights.cumsum(-1)  # (n, V)
     tokens = _inverse_cdf(cumulative, _draw_uniform(generators, x.device))  # (n,)
     total = cumulative[:, -1]  # (n,)
@@ -254,21 +261,24 @@ def _sample_nucleus(
     # The mass above t is at most total - p(t): a probable enough sample needs no exact test.
     maybe_outside = (top_p < 1.0) & (total - sampled >= threshold)  # (n,)
     pending: list[int] = maybe_outside.nonzero().squeeze(1).tolist()
+    scratch = torch.empty_like(weights[0])  # (V,)
     for _ in range(MAX_NUCLEUS_ROUNDS):
         if not pending:
             return tokens
-        # NOTE: a per-row F.threshold (keep what is strictly above the floor) is ~4x faster on
+        # NOTE: a per-row threshold (keep what is strictly above the floor) is ~4x faster on
         # CPU than one batched multiply by a comparison mask, and its sum cannot depend on
         # which other rows are pending.
         floors = sampled[pending].tolist()
-        mass_above = torch.stack([F.threshold(weights[i], f, 0.0).sum() for i, f in zip(pending, floors, strict=True)])
+        mass_above = torch.stack(
+            [torch.threshold(weights[i], f, 0.0, out=scratch).sum() for i, f in zip(pending, floors, strict=True)]
+        )
         is_outside = (mass_above >= threshold[pending]).tolist()
         rejected = [(i, f) for i, f, outside in zip(pending, floors, is_outside, strict=True) if outside]
         if not rejected:
             return tokens
         # The nucleus lies strictly above a rejected sample: redraw from there only.
         pending = [i for i, _ in rejected]
-        above = torch.stack([F.threshold(weights[i], f, 0.0) for i, f in rejected])  # (r, V)
+        above = torch.stack([torch.threshold(weights[i], f, 0.0) for i, f in rejected])  # (r, V)
         uniform = _draw_uniform([generators[i] for i in pending], x.device)
         redrawn = _inverse_cdf(above.cumsum(-1), uniform)  # (r,)
         index = _index(pending, x.device)

@@ -211,3 +211,39 @@ def test_api_keys(tiny_model_dir: Path) -> None:
         assert httpx.post(f"{live.url}/v1/chat/completions", json={}).status_code == 401
         assert httpx.get(f"{live.url}/health").status_code == 200
         assert httpx.get(f"{live.url}/ready").status_code == 200
+
+
+def test_dead_engine_turns_ready_503_and_requests_get_retry_after(tiny_model_dir: Path) -> None:
+    with running_server(tiny_model_dir, max_model_len=256, max_num_seqs=2) as live:
+        core = live.engine.core
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise SystemError("injected engine bug")
+
+        core._postprocess = broken  # type: ignore[method-assign]
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as first:
+            client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=3)
+        assert first.value.status_code == 500  # the request that met the failure
+        ready = httpx.get(f"{live.url}/ready")
+        assert ready.status_code == 503
+        with pytest.raises(openai.InternalServerError) as after:
+            client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=3)
+        assert after.value.status_code == 503
+        assert after.value.response.headers["retry-after"]
+
+
+def test_cors_preflight_and_headers(tiny_model_dir: Path) -> None:
+    origin = "https://app.example"
+    with running_server(
+        tiny_model_dir, max_model_len=256, max_num_seqs=2, cors_origin=(origin,), api_key=("k",)
+    ) as live:
+        preflight = httpx.options(
+            f"{live.url}/v1/chat/completions",
+            headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
+        )
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == origin
+        denied = httpx.post(f"{live.url}/v1/chat/completions", json={}, headers={"Origin": origin})
+        assert denied.status_code == 401
+        assert denied.headers["access-control-allow-origin"] == origin

@@ -82,14 +82,21 @@ def test_wrong_logits_shape_is_rejected() -> None:
         sampler(torch.zeros(3, 100), [row(temperature=0.0)])
 
 
-def test_logits_are_not_modified() -> None:
+@pytest.mark.parametrize(
+    "specs",
+    [
+        [{"temperature": 1.0}, {"temperature": 0.5, "top_p": 0.3}],  # whole-vocabulary path, no copy needed
+        [{"temperature": 1.0, "top_k": 5}, {"temperature": 0.0, "logprobs": 3}],
+        [
+            {"temperature": 0.9, "presence_penalty": 1.0, "frequency_penalty": 1.0, "logit_bias": {3: 5.0}},
+            {"temperature": 0.0, "logit_bias": {4: -5.0}, "logprobs": 2},
+        ],
+    ],
+)
+def test_logits_are_not_modified(specs: list[dict[str, object]]) -> None:
     logits = random_logits(2, 50, seed=3)
     before = logits.clone()
-    rows = [
-        row([1, 1, 2], temperature=0.9, presence_penalty=1.0, frequency_penalty=1.0, logit_bias={3: 5.0}),
-        row(temperature=0.0, logit_bias={4: -5.0}, logprobs=2),
-    ]
-    sample(logits, rows)
+    sample(logits, [row([1, 1, 2], **spec) for spec in specs])
     assert torch.equal(logits, before)
 
 

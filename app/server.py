@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -95,7 +96,14 @@ def serve(settings: Settings) -> None:
             app, host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=30
         )
     )
+    # uvicorn drains on SIGTERM, then re-raises the signal with the handler that was installed
+    # before it; make that handler a clean exit so an orderly shutdown ends with status 0.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     server.run()
     state: ServerState = app.state.surge
     if state.load_error is not None:
         raise SystemExit(1)
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)

@@ -33,14 +33,16 @@ class ServerState:
         return service_unavailable("The engine is not running.", RETRY_AFTER_SECONDS)
 
 
-def get_state(request: Request) -> ServerState:
+# NOTE: dependencies are `async def` on purpose: FastAPI runs plain `def` dependencies in a
+# thread pool, a thread hop per request for what is an attribute read.
+async def get_state(request: Request) -> ServerState:
     state: ServerState = request.app.state.surge
     return state
 
 
-def get_engine(request: Request) -> AsyncEngine:
+async def get_engine(request: Request) -> AsyncEngine:
     """The engine, or a 503 (with Retry-After) while it loads, after it died, or at shutdown."""
-    state = get_state(request)
+    state: ServerState = request.app.state.surge
     if not state.is_ready or state.engine is None:
         raise state.not_ready_error()
     return state.engine

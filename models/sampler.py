@@ -4,19 +4,21 @@ Owns logit processing (logit_bias, presence/frequency penalties, temperature, to
 random draw, and the logprobs the API reports. It knows nothing of HTTP, tokenizers or the
 scheduler: the engine hands it one `SamplingRow` per sequence and gets plain Python values back.
 
-Deliberate choices, each measured on CPU at 32 rows (see FACTS.md for the setting):
+Deliberate choices (timings: one CPU thread, 32 rows):
 - NOTE: a sampled row draws ONE uniform number and inverts its cumulative distribution
-  (`searchsorted` over a `cumsum`), rather than racing Exponential(1) noise over every candidate.
+  (`searchsorted` over a `cumsum`), rather than racing Exponential(1) noise over its candidates.
   torch's CPU `exponential_` costs ~3.7 ms at 32x8192 and ~70 ms at 32x151936, while the cumsum
-  top-p needs anyway makes the inverse CDF nearly free. One number per row also makes a seeded
-  row's draw trivially independent of the other rows in the batch.
-- NOTE: top-p without top-k never sorts the vocabulary (a full sort is 10 ms per row at 151936
-  on CPU). It samples from the whole distribution and rejects samples outside the nucleus; a
-  rejected sample's probability becomes a floor under which the nucleus cannot lie, so the
-  redraw is from a strictly smaller set (FlashInfer's pivot idea). Most samples are accepted by
-  a one-comparison test, and a rejection is rarer than 1 - top_p.
-- Top-k uses `topk(k)` once per distinct k in the step, so a row's candidates (and their order
+  that top-p needs anyway makes the inverse CDF nearly free. One number per row also makes a
+  seeded row's draw independent of the other rows in the batch by construction.
+- NOTE: top-p without top-k never sorts the vocabulary (a full sort is 10 ms per row at 151936).
+  It draws from the whole distribution and rejects draws outside the nucleus; a rejected draw's
+  probability is a floor under which the nucleus cannot lie, so the redraw is from a strictly
+  smaller set (FlashInfer's pivot idea). At most 1 - top_p of first draws are rejected, and a
+  probable draw is accepted without the exact test.
+- Top-k calls `topk(k)` once per distinct k in the step, so a row's candidates (and their order
   among tied logits) never depend on what else is in the batch.
+- Each row's logits are copied at most once per step: on CPU, large fresh allocations cost page
+  faults worth about as much as the arithmetic at 151936 columns.
 - Logprobs describe the model's raw distribution (log_softmax of the unprocessed logits), as
   vLLM does by default, and are computed only for rows that ask.
 """
@@ -67,9 +69,12 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
 
 
 class Sampler:
+    """Called once per engine step, from the engine's thread; holds no state between steps."""
+
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         """vocab_size is the width of the logits (the model's vocabulary, which may be padded
-        past the tokenizer's); every column is a token."""
+        past the tokenizer's); every column is a token. device is where the logits live, and so
+        where seeded rows' generators must be made (`make_generator(seed, sampler.device)`)."""
         if vocab_size < 1:
             raise ValueError("vocab_size must be positive")
         self.vocab_size = vocab_size
@@ -125,8 +130,7 @@ def _group_logits(
     """(n, V) float32 logits of the rows at `group`, after logit_bias and penalties (OpenAI's order).
 
     A private copy when `private`, or when something had to be applied; otherwise possibly
-    `logits` itself, so read-only. NOTE: each row is copied at most once per step: large fresh
-    allocations cost page faults on CPU (about as much as the arithmetic, at 151936 columns).
+    `logits` itself, so read-only. Either way each row is copied at most once.
     """
     group_rows = [rows[i] for i in group]
     has_bias = any(row.params.logit_bias for row in group_rows)
@@ -142,7 +146,7 @@ def _group_logits(
 
 
 def _add_logit_bias(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
-    """Adds each row's logit_bias to x (B, V) in place."""
+    """Adds rows[i]'s logit_bias to x[i], in place. x: (n, V)"""
     vocab_size = x.shape[1]
     row_ids: list[int] = []
     token_ids: list[int] = []
@@ -161,7 +165,7 @@ def _add_logit_bias(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
 
 
 def _apply_penalties(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
-    """OpenAI's penalties, in place on x (B, V):
+    """OpenAI's penalties for rows[i], in place on x[i]. x: (n, V)
     logit[t] -= presence * (count[t] > 0) + frequency * count[t], counting the row's output tokens.
 
     Counts come from one `unique` over (row, token) keys, so cost follows the number of output
@@ -176,8 +180,8 @@ def _apply_penalties(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
     row_of = torch.repeat_interleave(_index(penalised, x.device), lengths)  # (N,)
     keys, counts = torch.unique(row_of * vocab_size + output_ids, return_counts=True)  # (U,)
     row_ids = keys // vocab_size
-    presence = torch.tensor([row.params.presence_penalty for row in rows], device=x.device)  # (B,)
-    frequency = torch.tensor([row.params.frequency_penalty for row in rows], device=x.device)  # (B,)
+    presence = torch.tensor([row.params.presence_penalty for row in rows], device=x.device)  # (n,)
+    frequency = torch.tensor([row.params.frequency_penalty for row in rows], device=x.device)  # (n,)
     penalty = presence[row_ids] + frequency[row_ids] * counts  # (U,)
     x.index_put_((row_ids, keys % vocab_size), -penalty.to(x.dtype), accumulate=True)
 

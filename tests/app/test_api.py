@@ -247,3 +247,38 @@ def test_cors_preflight_and_headers(tiny_model_dir: Path) -> None:
         denied = httpx.post(f"{live.url}/v1/chat/completions", json={}, headers={"Origin": origin})
         assert denied.status_code == 401
         assert denied.headers["access-control-allow-origin"] == origin
+
+
+def test_logit_bias_forces_a_token(client: openai.OpenAI) -> None:
+    forced = 300
+    completion = client.completions.create(
+        model=MODEL_NAME, prompt="abc", max_tokens=4, temperature=1.0, logit_bias={str(forced): 100}, seed=0
+    )
+    assert completion.usage is not None and completion.usage.completion_tokens == 4
+    plain = client.completions.create(model=MODEL_NAME, prompt="abc", max_tokens=4, temperature=0)
+    assert completion.choices[0].text != plain.choices[0].text
+    token_text = (
+        client.completions.create(
+            model=MODEL_NAME, prompt="abc", max_tokens=1, logit_bias={str(forced): 100}, logprobs=0
+        )
+        .choices[0]
+        .logprobs
+    )
+    assert token_text is not None and token_text.tokens is not None
+    assert completion.choices[0].text == token_text.tokens[0] * 4
+
+
+def test_keepalive_comments_while_queued(tiny_model_dir: Path) -> None:
+    with running_server(tiny_model_dir, max_model_len=512, max_num_seqs=1, keepalive_seconds=0.05) as live:
+        blocker_body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 300, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{live.url}/v1/chat/completions", json=blocker_body) as blocker:
+            lines = blocker.iter_lines()
+            next(lines)
+            queued = {**blocker_body, "max_tokens": 2}
+            with httpx.stream("POST", f"{live.url}/v1/chat/completions", json=queued) as waiting:
+                seen = []
+                for line in waiting.iter_lines():
+                    seen.append(line)
+                    if line.startswith(": keep-alive"):
+                        break
+                assert any(line.startswith(": keep-alive") for line in seen)

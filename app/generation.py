@@ -149,6 +149,7 @@ def chat_logprobs_json(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob]) -
             tokenizer.token_text(lp.token_id),
             lp.logprob,
             [(tokenizer.token_text(alt), alt_lp) for alt, alt_lp in lp.top],
+            token_bytes=tokenizer.token_bytes(lp.token_id),
         )
         for lp in logprobs
     ]

@@ -7,6 +7,7 @@ Python wrapper costs several times more per call and decoding runs per token).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,10 +34,12 @@ class Tokenizer:
         self.eos_token_ids = frozenset(ids)
         self.has_chat_template = bool(getattr(hf_tokenizer, "chat_template", None))
         backend = getattr(hf_tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            self._backend_decode = backend.decode
-        else:
-            self._backend_decode = None
+        self._backend_decode = backend.decode if backend is not None else None
+        is_byte_level = backend is not None and type(backend.decoder).__name__ == "ByteLevel"
+        self._byte_decoder = _byte_decoder() if is_byte_level else None
+        # Per-token caches for logprobs; bounded by the vocabulary.
+        self._text_cache: dict[int, str] = {}
+        self._bytes_cache: dict[int, bytes] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -62,5 +65,44 @@ class Tokenizer:
         return str(self.hf.decode(list(token_ids), skip_special_tokens=True))
 
     def token_text(self, token_id: int) -> str:
-        """The text of one token on its own, for logprobs (special tokens included)."""
-        return str(self.hf.decode([token_id], skip_special_tokens=False))
+        """The text of one token on its own, for logprobs (special tokens included).
+
+        A token holding part of a multi-byte character reads as U+FFFD; `token_bytes` has
+        its exact bytes, as OpenAI's `bytes` field does.
+        """
+        text = self._text_cache.get(token_id)
+        if text is None:
+            text = self._text_cache[token_id] = str(self.hf.decode([token_id], skip_special_tokens=False))
+        return text
+
+    def token_bytes(self, token_id: int) -> bytes:
+        raw = self._bytes_cache.get(token_id)
+        if raw is None:
+            raw = self._bytes_cache[token_id] = self._raw_bytes(token_id)
+        return raw
+
+    def _raw_bytes(self, token_id: int) -> bytes:
+        piece = self.hf.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str):
+            if self._byte_decoder is not None and all(c in self._byte_decoder for c in piece):
+                return bytes(self._byte_decoder[c] for c in piece)  # GPT-2 style byte-level BPE
+            match = _BYTE_FALLBACK.fullmatch(piece)
+            if match is not None:  # SentencePiece byte fallback, e.g. <0xE2>
+                return bytes([int(match.group(1), 16)])
+        return self.token_text(token_id).encode()
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: each byte is shown as a printable character; this inverts it."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
+from app.body import json_body
 from app.errors import invalid_request
 from app.generation import (
     ChoiceResult,
@@ -30,8 +31,8 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(
-    body: ChatCompletionRequest,
     request: Request,
+    body: ChatCompletionRequest = Depends(json_body(ChatCompletionRequest)),
     state: ServerState = Depends(get_state),
     engine: AsyncEngine = Depends(get_engine),
 ) -> Response:

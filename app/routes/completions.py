@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
+from app.body import json_body
 from app.errors import invalid_request
 from app.generation import (
     ChoiceResult,
@@ -31,8 +32,8 @@ router = APIRouter()
 
 @router.post("/v1/completions", response_model=None)
 async def create_completion(
-    body: CompletionRequest,
     request: Request,
+    body: CompletionRequest = Depends(json_body(CompletionRequest)),
     state: ServerState = Depends(get_state),
     engine: AsyncEngine = Depends(get_engine),
 ) -> Response:

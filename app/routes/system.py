@@ -7,6 +7,7 @@ import time
 from fastapi import APIRouter, Depends
 from starlette.responses import JSONResponse, Response
 
+from app.generation import check_model
 from app.state import RETRY_AFTER_SECONDS, ServerState, get_state
 
 router = APIRouter()
@@ -34,15 +35,23 @@ async def ready(state: ServerState = Depends(get_state)) -> Response:
 
 @router.get("/v1/models")
 async def list_models(state: ServerState = Depends(get_state)) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, state: ServerState = Depends(get_state)) -> Response:
+    check_model(state.settings, model_id)
+    return JSONResponse(_model_card(state))
+
+
+def _model_card(state: ServerState) -> dict[str, object]:
     settings = state.settings
     engine = state.engine
-    max_model_len = engine.config.scheduler.max_model_len if engine is not None else None
-    card = {
+    return {
         "id": settings.model_name,
         "object": "model",
         "created": _STARTED,
         "owned_by": "surge",
         "root": settings.model,
-        "max_model_len": max_model_len,
+        "max_model_len": engine.config.scheduler.max_model_len if engine is not None else None,
     }
-    return JSONResponse({"object": "list", "data": [card]})

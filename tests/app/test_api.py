@@ -116,6 +116,9 @@ def test_completions_with_several_prompts(client: openai.OpenAI) -> None:
 def test_models_health_ready(server: LiveServer, client: openai.OpenAI) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL_NAME]
+    assert client.models.retrieve(MODEL_NAME).id == MODEL_NAME
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{server.url}/ready").status_code == 200
 
@@ -282,3 +285,14 @@ def test_keepalive_comments_while_queued(tiny_model_dir: Path) -> None:
                     if line.startswith(": keep-alive"):
                         break
                 assert any(line.startswith(": keep-alive") for line in seen)
+
+
+def test_json_body_without_a_json_content_type(server: LiveServer) -> None:
+    # What `curl -d '{...}'` sends: form encoding, yet the body is JSON.
+    body = json.dumps({"model": MODEL_NAME, "messages": USER, "max_tokens": 2})
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    response = httpx.post(f"{server.url}/v1/chat/completions", content=body, headers=headers)
+    assert response.status_code == 200
+    broken = httpx.post(f"{server.url}/v1/chat/completions", content=b"{not json", headers=headers)
+    assert broken.status_code == 400
+    assert broken.json()["error"]["type"] == "invalid_request_error"

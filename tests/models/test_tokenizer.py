@@ -1,0 +1,33 @@
+"""The engine's tokenizer wrapper: chat template, decode, and exact token bytes for logprobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from models.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> Tokenizer:
+    return Tokenizer(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def test_token_bytes_join_to_the_exact_utf8_of_the_text(tokenizer: Tokenizer) -> None:
+    text = "naïve café 日本語 🎉👩‍👩‍👧 done"
+    ids = tokenizer.encode(text)
+    assert any(tokenizer.token_text(i) == "\ufffd" for i in ids), "expected a token that splits a character"
+    assert b"".join(tokenizer.token_bytes(i) for i in ids) == text.encode()
+
+
+def test_chat_template_ends_with_the_generation_prompt(tokenizer: Tokenizer) -> None:
+    ids = tokenizer.encode_chat([{"role": "user", "content": "hi"}])
+    assert tokenizer.hf.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+def test_decode_skips_special_tokens(tokenizer: Tokenizer) -> None:
+    ids = tokenizer.encode_chat([{"role": "user", "content": "hello"}])
+    assert "<|im_start|>" not in tokenizer.decode(ids)
+    assert "hello" in tokenizer.decode(ids)

@@ -67,11 +67,7 @@ def sampling_params(
     if request.n == 1:
         return [base]
     # Each choice is its own sample; with a seed, choice i uses seed + i so all differ yet repeat.
-    return [_with_seed(base, None if base.seed is None else base.seed + i) for i in range(request.n)]
-
-
-def _with_seed(params: SamplingParams, seed: int | None) -> SamplingParams:
-    return replace(params, seed=seed)
+    return [replace(base, seed=None if base.seed is None else base.seed + i) for i in range(request.n)]
 
 
 def submit(

@@ -45,11 +45,9 @@ async def create_completion(
         if any(token_id >= vocab_size for token_id in ids):
             raise invalid_request(f"The prompt has a token id outside the vocabulary (size {vocab_size}).", "prompt")
         prompts.append(ids)
-    choices = []
-    for ids in prompts:  # every prompt must fit; the params differ only in max_tokens defaults
-        choices = sampling_params(engine, body, len(ids), body.requested_max_tokens, "prompt")
-    if len(prompts) > 1 and body.requested_max_tokens is None:
-        raise invalid_request("max_tokens is required with several prompts.", "max_tokens")
+    # The longest prompt decides whether max_tokens fits (and its default, when left out).
+    longest = max(len(ids) for ids in prompts)
+    choices = sampling_params(engine, body, longest, body.requested_max_tokens, "prompt")
     group = submit(engine, prompts, choices, body.priority)
     completion_id = new_completion_id()
     created = int(time.time())

@@ -35,8 +35,11 @@ lint: install-dev
 typecheck: install-dev
 	$(VENV)/bin/mypy
 
-# Redis is not needed by the core tests yet; scripts/ensure-redis.sh starts one when it is.
-unit: install-dev
+# The Redis tests start their own redis-server on free ports; the binary must exist.
+redis:
+	scripts/ensure-redis.sh
+
+unit: install-dev redis
 	$(PY) -m pytest -q
 
 test: lint typecheck unit

@@ -23,6 +23,7 @@ from app.settings import Settings
 from app.state import ServerState
 from middleware.auth import ApiKeyMiddleware
 from middleware.body_limit import BodyLimitMiddleware
+from middleware.redis_backend import RedisBackend
 from models.async_engine import AsyncEngine
 
 log = logging.getLogger("surge.server")
@@ -30,6 +31,8 @@ log = logging.getLogger("surge.server")
 
 def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -> FastAPI:
     state = ServerState(settings)
+    if settings.redis_url:
+        state.redis = RedisBackend(settings.redis_url, timeout=settings.redis_timeout_ms / 1000)
 
     async def load() -> None:
         try:
@@ -51,6 +54,8 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
             loader.cancel()
             if state.engine is not None:
                 await asyncio.to_thread(state.engine.stop)
+            if state.redis is not None:
+                await state.redis.close()
 
     # NOTE: strict_content_type=False so `curl -d '{...}'` (sent as form-encoded) still parses as
     # JSON, as it does with OpenAI and vLLM.
@@ -59,8 +64,13 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     install_error_handlers(app)
     app.include_router(router)
 
-    # Outermost first. CORS outside auth so preflights and 401s carry CORS headers; the body
-    # limit before auth would read nothing, so auth (cheap, header-only) runs first.
+    # The one declaration of middleware order, outermost first; cheapest rejection first.
+    # - CORS outside everything, so preflights and every rejection carry CORS headers.
+    # - API keys: 401 from headers alone, before any body is read.
+    # - Body limit: 413 before anything buffers a body.
+    # - (rate limit) 429 on the requests bucket: outside idempotency, so a 429 is never stored
+    #   as an idempotent result and a retry runs again.
+    # - (idempotency) replays and 409s never reach the model; only completed responses are stored.
     middleware: list[tuple[type, dict[str, object]]] = [
         (ApiKeyMiddleware, {"api_keys": settings.api_key}),
         (BodyLimitMiddleware, {"max_body_bytes": settings.max_body_bytes}),

@@ -62,6 +62,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_body_bytes", int, 8 * 1024 * 1024, "largest accepted request body (413 beyond)"),
     Option("keepalive_seconds", float, 5.0, "SSE keep-alive comment interval while a stream is silent"),
     Option("log_level", str, "info", "log level", choices=("debug", "info", "warning", "error")),
+    # --- traffic layer: shared state -------------------------------------------------------
+    Option("redis_url", str, "", "Redis for state shared by replicas (e.g. redis://host:6379/0); empty = in-process"),
+    Option("redis_timeout_ms", int, 50, "longest wait on Redis per decision; beyond it, fail open to in-process state"),
+    # --- rate limits --------------------------------------------------------------------------
+    Option("rate_limit_rpm", int, 0, "requests per minute per API key (per client address without keys); 0 = off"),
+    Option("rate_limit_tpm", int, 0, "tokens (prompt + max_tokens) per minute per API key; 0 = off"),
+    Option("keys_file", str, "", "YAML or JSON file of API keys with per-key limits and priority tier"),
+    # --- idempotency and dedup -----------------------------------------------------------------
+    Option(
+        "idempotency_ttl_seconds", float, 86400.0, "how long a finished response is kept for Idempotency-Key retries"
+    ),
+    Option("idempotency_lease_seconds", float, 30.0, "in-flight lease of an Idempotency-Key, extended while it runs"),
+    Option("dedup_ttl_seconds", float, 300.0, "how long identical deterministic requests share a result; 0 = off"),
 )
 
 
@@ -82,6 +95,14 @@ class Settings:
     max_body_bytes: int = 8 * 1024 * 1024
     keepalive_seconds: float = 5.0
     log_level: str = "info"
+    redis_url: str = ""
+    redis_timeout_ms: int = 50
+    rate_limit_rpm: int = 0
+    rate_limit_tpm: int = 0
+    keys_file: str = ""
+    idempotency_ttl_seconds: float = 86400.0
+    idempotency_lease_seconds: float = 30.0
+    dedup_ttl_seconds: float = 300.0
     engine: EngineConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -91,6 +112,14 @@ class Settings:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.keepalive_seconds <= 0:
             raise ValueError("keepalive_seconds must be positive")
+        if self.redis_timeout_ms <= 0:
+            raise ValueError("redis_timeout_ms must be positive")
+        if self.rate_limit_rpm < 0 or self.rate_limit_tpm < 0:
+            raise ValueError("rate limits must be 0 (off) or positive")
+        if self.idempotency_ttl_seconds <= 0 or self.idempotency_lease_seconds <= 0:
+            raise ValueError("idempotency TTL and lease must be positive")
+        if self.dedup_ttl_seconds < 0:
+            raise ValueError("dedup_ttl_seconds must be 0 (off) or positive")
         engine = EngineConfig(
             model=ModelConfig(self.model, self.device, self.dtype, self.num_threads),
             scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len),

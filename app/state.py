@@ -8,6 +8,7 @@ from fastapi import Request
 
 from app.errors import OpenAIError, service_unavailable
 from app.settings import Settings
+from middleware.redis_backend import RedisBackend
 from models.async_engine import AsyncEngine
 
 # Seconds a client should wait before retrying while the model loads or the engine is down.
@@ -18,6 +19,7 @@ RETRY_AFTER_SECONDS = 5.0
 class ServerState:
     settings: Settings
     engine: AsyncEngine | None = None
+    redis: RedisBackend | None = None  # set when --redis-url is given
     load_error: BaseException | None = None
     is_shutting_down: bool = False
 

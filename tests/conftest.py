@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.redis_server import RedisServer
 
 # No test may reach a model hub: everything is built locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,3 +26,21 @@ def tiny_model_dir(model_root: Path) -> Path:
     from models.tiny import build_tiny
 
     return build_tiny("s", model_root / "llama-s")
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One real redis-server for the session's Redis-mode tests (flushed by `redis_url`)."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session's Redis, emptied before each test so tests never see each other's keys."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    return redis_server.url

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.admission import DEFAULT_CANNED_REPLY, AdmissionConfig
+from app.degradation import DegradationConfig
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
 
 
@@ -75,6 +77,20 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("idempotency_lease_seconds", float, 30.0, "in-flight lease of an Idempotency-Key, extended while it runs"),
     Option("dedup_ttl_seconds", float, 300.0, "how long identical deterministic requests share a result; 0 = off"),
+    # --- admission control and degradation ---------------------------------------------------
+    Option("max_queued_requests", int, 256, "waiting requests beyond which new ones get a fast 503; 0 = no bound"),
+    Option("max_queued_tokens", int, 0, "waiting prompt tokens beyond which new requests get a 503; 0 = no bound"),
+    Option("max_queue_seconds", float, 120.0, "a request still queued after this is dropped unrun (503); 0 = no limit"),
+    Option("degrade_thresholds", str, "1,2,4,8", "load scores entering degradation levels 1-4; `off` disables"),
+    Option("degrade_queue_depth", int, 64, "waiting requests that count as load 1.0"),
+    Option("degrade_queue_seconds", float, 2.0, "queue-time p90 that counts as load 1.0"),
+    Option("degrade_ttft_seconds", float, 5.0, "time-to-first-token p90 that counts as load 1.0"),
+    Option("degrade_error_rate", float, 0.2, "error rate that counts as load 1.0"),
+    Option("degrade_cooldown_seconds", float, 10.0, "calm time before stepping down one degradation level"),
+    Option("degrade_max_tokens", int, 256, "max_tokens clamp from level 2"),
+    Option("degrade_max_prompt_tokens", int, 2048, "longest prompt accepted from level 2"),
+    Option("canned_reply", str, DEFAULT_CANNED_REPLY, "reply text at level 3 when no cached reply exists"),
+    Option("shed_priority", int, 0, "at level 4, requests with priority >= this are shed (lower runs first)"),
 )
 
 
@@ -103,7 +119,22 @@ class Settings:
     idempotency_ttl_seconds: float = 86400.0
     idempotency_lease_seconds: float = 30.0
     dedup_ttl_seconds: float = 300.0
+    max_queued_requests: int = 256
+    max_queued_tokens: int = 0
+    max_queue_seconds: float = 120.0
+    degrade_thresholds: str = "1,2,4,8"
+    degrade_queue_depth: int = 64
+    degrade_queue_seconds: float = 2.0
+    degrade_ttft_seconds: float = 5.0
+    degrade_error_rate: float = 0.2
+    degrade_cooldown_seconds: float = 10.0
+    degrade_max_tokens: int = 256
+    degrade_max_prompt_tokens: int = 2048
+    canned_reply: str = DEFAULT_CANNED_REPLY
+    shed_priority: int = 0
     engine: EngineConfig = field(init=False)
+    degradation: DegradationConfig = field(init=False)
+    admission: AdmissionConfig = field(init=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -122,9 +153,30 @@ class Settings:
             raise ValueError("dedup_ttl_seconds must be 0 (off) or positive")
         engine = EngineConfig(
             model=ModelConfig(self.model, self.device, self.dtype, self.num_threads),
-            scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len),
+            scheduler=SchedulerConfig(
+                self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len, self.max_queue_seconds
+            ),
         )
         object.__setattr__(self, "engine", engine)
+        thresholds = self.degrade_thresholds.strip().lower()
+        degradation = DegradationConfig(
+            thresholds=() if thresholds in ("", "off", "none") else tuple(float(t) for t in thresholds.split(",")),
+            queue_depth=self.degrade_queue_depth,
+            queue_seconds=self.degrade_queue_seconds,
+            ttft_seconds=self.degrade_ttft_seconds,
+            error_rate=self.degrade_error_rate,
+            cooldown_seconds=self.degrade_cooldown_seconds,
+        )
+        object.__setattr__(self, "degradation", degradation)
+        admission = AdmissionConfig(
+            max_queued_requests=self.max_queued_requests,
+            max_queued_tokens=self.max_queued_tokens,
+            degraded_max_tokens=self.degrade_max_tokens,
+            degraded_max_prompt_tokens=self.degrade_max_prompt_tokens,
+            canned_reply=self.canned_reply,
+            shed_priority=self.shed_priority,
+        )
+        object.__setattr__(self, "admission", admission)
 
     @property
     def model_name(self) -> str:

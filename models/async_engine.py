@@ -21,6 +21,7 @@ from types import TracebackType
 
 from models.config import EngineConfig
 from models.engine import EngineCore
+from models.load_stats import LoadSnapshot
 from models.loader import LoadedModel, load_model
 from models.outputs import EngineDeadError, RequestOutput
 from models.sampling_params import SamplingParams
@@ -186,6 +187,9 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self.core.abort_request(request_id)
+
+    def load_snapshot(self) -> LoadSnapshot:
+        return self.core.load_snapshot()
 
     def _publish_threadsafe(self, outputs: list[RequestOutput]) -> None:
         # A closed event loop raises RuntimeError: nobody is listening any more.

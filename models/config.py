@@ -17,12 +17,16 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     # Prompt plus generated tokens of one sequence; 0 takes the model's own limit.
     max_model_len: int = 0
+    # A request still waiting after this long is dropped without using the model; 0 = no limit.
+    max_queue_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be at least 1")
         if self.max_model_len == 1 or self.max_model_len < 0:
             raise ValueError("max_model_len must be at least 2 (or 0 for the model's own limit)")
+        if self.max_queue_seconds < 0:
+            raise ValueError("max_queue_seconds must be 0 (no limit) or positive")
         if self.max_num_batched_tokens <= self.max_num_seqs:
             # Every running sequence decodes one token per step; prefill needs room beyond that.
             raise ValueError("max_num_batched_tokens must be greater than max_num_seqs")

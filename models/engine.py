@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,13 +20,14 @@ import torch
 
 from models.config import SchedulerConfig
 from models.detokenizer import IncrementalDetokenizer
+from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
 from models.model_runner import ModelRunner
 from models.outputs import EngineDeadError, RequestOutput
 from models.sampler import Sampler, SamplingRow, TokenLogprob, make_generator
 from models.sampling_params import SamplingParams
 from models.scheduler import Scheduler, SchedulerOutput
-from models.sequence import FinishReason, Sequence
+from models.sequence import FinishReason, Sequence, SequenceStatus
 
 log = logging.getLogger("surge.engine")
 
@@ -43,8 +46,20 @@ class _Stop:
 
 
 class EngineCore:
-    def __init__(self, loaded: LoadedModel, config: SchedulerConfig, publish: Publish) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: SchedulerConfig,
+        publish: Publish,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
+        self.clock = clock
+        self.load_stats = LoadStats(clock=clock)
+        # Waiting requests in arrival order, for the queue deadline (the scheduler's queue is
+        # in priority order). Entries of requests already running or gone are skipped lazily.
+        self._arrivals: deque[Sequence] = deque()
+        self.kv_usage = 0.0
         self.tokenizer = loaded.tokenizer
         self.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len)
         vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
@@ -66,7 +81,7 @@ class EngineCore:
     ) -> None:
         if self.dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
-        seq = Sequence(request_id, list(prompt_token_ids), params, priority)
+        seq = Sequence(request_id, list(prompt_token_ids), params, priority, arrival_time=self.clock())
         generator = make_generator(params.seed, self.runner.device) if params.seed is not None else None
         detokenizer = IncrementalDetokenizer(self.tokenizer.decode, seq.prompt_token_ids, params.stop)
         self._inbox.put(_Request(seq, detokenizer, SamplingRow(params, generator, seq.output_token_ids)))
@@ -89,7 +104,21 @@ class EngineCore:
 
     @property
     def num_waiting(self) -> int:
-        return self.scheduler.num_waiting
+        """Requests not yet running: the scheduler's queue plus those still in the inbox."""
+        return self.scheduler.num_waiting + self._inbox.qsize()
+
+    def load_snapshot(self) -> LoadSnapshot:
+        queue_time_p90, ttft_p90, error_rate = self.load_stats.window()
+        return LoadSnapshot(
+            num_waiting=self.num_waiting,
+            num_running=self.scheduler.num_running,
+            max_num_seqs=self.config.max_num_seqs,
+            queue_time_p90=queue_time_p90,
+            ttft_p90=ttft_p90,
+            error_rate=error_rate,
+            kv_usage=self.kv_usage,
+            num_waiting_tokens=self.scheduler.num_waiting_tokens,
+        )
 
     @property
     def num_running(self) -> int:
@@ -111,7 +140,9 @@ class EngineCore:
 
     def step(self) -> None:
         """Schedule, run the model, publish what came out."""
+        self._expire_waiting()
         out = self.scheduler.schedule()
+        self._record_admissions(out)
         if out.is_empty:
             self.runner.apply_moves(out.moves)
             return
@@ -150,6 +181,8 @@ class EngineCore:
         for seq, token_id, logprob in zip(sampled, token_ids, logprobs, strict=True):
             request = self._requests[seq.request_id]
             reason = self.scheduler.append_token(seq, token_id)
+            if seq.num_output_tokens == 1:
+                self.load_stats.record_ttft(self.clock() - seq.arrival_time)
             text, stopped = request.detokenizer.push(token_id)
             if stopped:
                 reason = FinishReason.STOP
@@ -169,6 +202,35 @@ class EngineCore:
                 )
             )
         return outputs
+
+    def _expire_waiting(self) -> None:
+        """Drop requests that waited longer than max_queue_seconds, without using the model."""
+        arrivals = self._arrivals
+        while arrivals and arrivals[0].status is not SequenceStatus.WAITING:
+            arrivals.popleft()
+        if not self.config.max_queue_seconds or not arrivals:
+            return
+        deadline = self.clock() - self.config.max_queue_seconds
+        expired = []
+        while arrivals and arrivals[0].arrival_time < deadline:
+            seq = arrivals.popleft()
+            if seq.status is SequenceStatus.WAITING:
+                expired.append(seq)
+        if expired:
+            outputs = []
+            for seq in expired:
+                self._finish(seq, FinishReason.REJECTED)
+                message = f"the request waited more than {self.config.max_queue_seconds:g} s in the queue"
+                outputs.append(self._error_output(seq, message, FinishReason.REJECTED))
+            self._publish(outputs)
+
+    def _record_admissions(self, out: SchedulerOutput) -> None:
+        now = self.clock()
+        for chunk in out.prefills:
+            if chunk.start == 0:
+                self.load_stats.record_queue_time(now - chunk.seq.arrival_time)
+        running = self.scheduler.running
+        self.kv_usage = sum(seq.num_tokens for seq in running) / (self.config.max_num_seqs * self.config.max_model_len)
 
     def _drain_inbox(self, block: bool) -> bool:
         """Take in new requests and aborts; return False when asked to stop."""
@@ -190,6 +252,7 @@ class EngineCore:
                 self._publish([self._error_output(item.seq, str(exc))])
                 continue
             self._requests[item.seq.request_id] = item
+            self._arrivals.append(item.seq)
 
     def _abort(self, request_id: str) -> None:
         seq = self.scheduler.abort(request_id)
@@ -200,6 +263,7 @@ class EngineCore:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.scheduler.finish(seq, reason)
         self._requests.pop(seq.request_id, None)
+        self.load_stats.record_finish(is_error=reason is FinishReason.ERROR)
 
     def _fail(self, seqs: list[Sequence], message: str) -> None:
         outputs = []
@@ -223,10 +287,8 @@ class EngineCore:
             log.exception("could not tell %d requests that the engine stopped", len(seqs))
 
     @staticmethod
-    def _error_output(seq: Sequence, message: str) -> RequestOutput:
-        return RequestOutput(
-            seq.request_id, "", [], seq.num_prompt_tokens, seq.num_output_tokens, [], FinishReason.ERROR, message
-        )
+    def _error_output(seq: Sequence, message: str, reason: FinishReason = FinishReason.ERROR) -> RequestOutput:
+        return RequestOutput(seq.request_id, "", [], seq.num_prompt_tokens, seq.num_output_tokens, [], reason, message)
 
     def _warmup(self) -> None:
         """Run the shapes serving will use (a batched prefill, full-width decode) before /ready."""
@@ -243,4 +305,5 @@ class EngineCore:
             token_ids, logprobs = self._execute(out)
             self._postprocess(out, token_ids, logprobs)
         self.runner.apply_moves(self.scheduler.schedule().moves)
+        self.load_stats = LoadStats(clock=self.clock)  # warmup requests are not load
         log.info("warmup done: %d sequences, prompt %d tokens", num_seqs, prompt_len)

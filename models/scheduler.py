@@ -61,6 +61,7 @@ class Scheduler:
         # Heap of (priority, arrival, seq); aborted entries are dropped lazily when they surface.
         self._waiting: list[tuple[int, int, Sequence]] = []
         self._waiting_ids: dict[str, Sequence] = {}
+        self.num_waiting_tokens = 0  # prompt tokens of the waiting sequences
         self.running: list[Sequence] = []  # running[i].slot == i
         self._pending_moves: list[SlotMove] = []
         self._num_arrivals = 0
@@ -88,6 +89,7 @@ class Scheduler:
         seq.arrival = self._num_arrivals
         seq.status = SequenceStatus.WAITING
         self._waiting_ids[seq.request_id] = seq
+        self.num_waiting_tokens += seq.num_prompt_tokens
         heapq.heappush(self._waiting, (seq.priority, seq.arrival, seq))
 
     def schedule(self) -> SchedulerOutput:
@@ -147,6 +149,7 @@ class Scheduler:
             # Only if it is this very sequence: a retry may reuse the id of an aborted one.
             if self._waiting_ids.get(seq.request_id) is seq:
                 del self._waiting_ids[seq.request_id]
+                self.num_waiting_tokens -= seq.num_prompt_tokens
         else:
             self._release_slot(seq)
         seq.status = SequenceStatus.FINISHED
@@ -170,6 +173,7 @@ class Scheduler:
             _, _, seq = heapq.heappop(self._waiting)
             if self._waiting_ids.get(seq.request_id) is seq:
                 del self._waiting_ids[seq.request_id]
+                self.num_waiting_tokens -= seq.num_prompt_tokens
                 return seq
         return None
 

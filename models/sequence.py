@@ -25,6 +25,7 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_tokens or the model's context length
     ABORT = "abort"  # the client went away
     ERROR = "error"  # the forward pass or the engine failed
+    REJECTED = "rejected"  # dropped before using the model (its queue time ran out)
 
 
 @dataclass(eq=False, slots=True)
@@ -35,6 +36,8 @@ class Sequence:
     priority: int = 0
     # Set by the scheduler: admission order, the tie-breaker within a priority level.
     arrival: int = 0
+    # Set by the engine (its clock, seconds): for queue time, TTFT and the queue deadline.
+    arrival_time: float = 0.0
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     slot: int = -1

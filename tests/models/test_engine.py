@@ -230,3 +230,38 @@ async def test_n_choices_share_a_prompt_and_differ(make_engine: EngineFactory) -
     texts = [tokens(o) for o in outputs]
     assert all(len(t) == 12 for t in texts)
     assert len({tuple(t) for t in texts}) == 3
+
+
+async def test_request_past_its_queue_deadline_is_dropped_without_the_model(make_engine: EngineFactory) -> None:
+    engine = await make_engine(max_num_seqs=1, max_queue_seconds=0.2)
+    blocker = engine.submit([(prompt(4, 60), greedy(450))])
+    await blocker.next_outputs(5.0)
+    steps_before = engine.core.num_steps
+    late = await asyncio.wait_for(run(engine.submit([(prompt(4, 61), greedy(5))])), 5.0)
+    (output,) = late[0]
+    assert output.finish_reason is FinishReason.REJECTED
+    assert output.num_output_tokens == 0 and output.token_ids == []
+    assert "queue" in (output.error or "")
+    assert engine.core.num_steps > steps_before  # the blocker kept running meanwhile
+    blocker.close()
+    await wait_until(lambda: engine.core.num_running == 0 and engine.core.num_waiting == 0)
+
+
+async def test_load_snapshot_reports_queue_and_latency(make_engine: EngineFactory) -> None:
+    engine = await make_engine(max_num_seqs=1)
+    idle = engine.load_snapshot()
+    assert (idle.num_waiting, idle.num_running, idle.queue_time_p90, idle.ttft_p90) == (0, 0, 0.0, 0.0)
+    blocker = engine.submit([(prompt(4, 70), greedy(400))])
+    await blocker.next_outputs(5.0)
+    waiting = [engine.submit([(prompt(30, 71 + i), greedy(2))]) for i in range(3)]
+    await wait_until(lambda: engine.load_snapshot().num_waiting_tokens == 90)
+    busy = engine.load_snapshot()
+    assert busy.num_running == 1 and busy.num_waiting_tokens == 90 and busy.kv_usage > 0
+    await asyncio.sleep(0.1)
+    blocker.close()
+    for group in waiting:
+        await run(group)
+    after = engine.load_snapshot()
+    assert after.queue_time_p90 >= 0.1  # the three waited behind the blocker for at least 0.1 s
+    assert after.ttft_p90 >= after.queue_time_p90
+    assert after.error_rate == 0.0

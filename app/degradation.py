@@ -1,0 +1,101 @@
+"""Tiered degradation: a load score from the engine, mapped to a level with hysteresis.
+
+    0 normal
+    1 logprobs are not computed
+    2 max_tokens clamped, long prompts rejected
+    3 replies from the dedup cache when possible, else a canned reply
+    4 shed: 503 with Retry-After, lowest priority first
+
+The load score is the worst of several ratios, each 1.0 at its configured "busy" point:
+waiting requests / queue depth, queue-time p90 / queue seconds, TTFT p90 / TTFT seconds,
+error rate / error rate, and KV-cache use. Level k is entered when the score reaches the k-th
+threshold (at once: load rises fast), and left one level at a time only after the score has
+stayed below the current level's threshold for a whole cooldown window (load falls noisily).
+Pure logic: the signal and the clock are injected.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from models.load_stats import LoadSnapshot
+
+MAX_LEVEL = 4
+
+
+@dataclass(frozen=True, slots=True)
+class DegradationConfig:
+    # Load scores that enter levels 1..4; empty turns degradation off.
+    thresholds: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
+    queue_depth: int = 64  # waiting requests that count as load 1.0
+    queue_seconds: float = 2.0  # queue-time p90 that counts as load 1.0
+    ttft_seconds: float = 5.0  # time-to-first-token p90 that counts as load 1.0
+    error_rate: float = 0.2  # error rate that counts as load 1.0
+    cooldown_seconds: float = 10.0  # calm needed before stepping down one level
+    # How often the score is recomputed at most; requests in between reuse it.
+    refresh_seconds: float = 0.05
+
+    def __post_init__(self) -> None:
+        if len(self.thresholds) not in (0, MAX_LEVEL):
+            raise ValueError(f"degradation needs {MAX_LEVEL} thresholds (or none to turn it off)")
+        if any(b <= a for a, b in zip(self.thresholds, self.thresholds[1:], strict=False)):
+            raise ValueError("degradation thresholds must increase")
+        if min(self.queue_depth, self.queue_seconds, self.ttft_seconds, self.error_rate) <= 0:
+            raise ValueError("degradation reference points must be positive")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.thresholds)
+
+
+def load_score(snapshot: LoadSnapshot, config: DegradationConfig) -> float:
+    return max(
+        snapshot.num_waiting / config.queue_depth,
+        snapshot.queue_time_p90 / config.queue_seconds,
+        snapshot.ttft_p90 / config.ttft_seconds,
+        snapshot.error_rate / config.error_rate,
+        snapshot.kv_usage,
+    )
+
+
+class Degrader:
+    def __init__(
+        self,
+        config: DegradationConfig,
+        signal: Callable[[], float],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self._signal = signal
+        self._clock = clock
+        self._level = 0
+        self._calm_since: float | None = None
+        self._next_refresh = float("-inf")
+        self.score = 0.0
+
+    def level(self) -> int:
+        """The level to apply to a request arriving now."""
+        if not self.config.enabled:
+            return 0
+        now = self._clock()
+        if now >= self._next_refresh:
+            self._next_refresh = now + self.config.refresh_seconds
+            self.score = self._signal()
+            self._update(now)
+        return self._level
+
+    def _update(self, now: float) -> None:
+        target = sum(1 for threshold in self.config.thresholds if self.score >= threshold)
+        if target > self._level:
+            self._level = target
+            self._calm_since = None
+        elif target < self._level:
+            if self._calm_since is None:
+                self._calm_since = now
+            elif now - self._calm_since >= self.config.cooldown_seconds:
+                self._level -= 1
+                self._calm_since = now  # the next step down needs its own calm window
+        else:
+            self._calm_since = None

@@ -14,8 +14,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from app.degradation import Degrader
+from app.degradation import DegradationConfig, Degrader, load_score
 from app.errors import OpenAIError, service_unavailable
+from models.async_engine import AsyncEngine
 from models.sampling_params import SamplingParams
 
 DEGRADED_HEADER = "x-surge-degraded"
@@ -91,3 +92,15 @@ class Admission:
 
     def _busy(self, message: str) -> OpenAIError:
         return service_unavailable(message, max(1.0, math.ceil(self._retry_after())))
+
+
+def build_admission(degradation: DegradationConfig, config: AdmissionConfig, engine: AsyncEngine) -> Admission:
+    """Admission wired to a running engine's queue and load figures."""
+    core = engine.core
+    degrader = Degrader(degradation, lambda: load_score(engine.load_snapshot(), degradation))
+    return Admission(
+        config,
+        degrader,
+        queue=lambda: (core.num_waiting, core.scheduler.num_waiting_tokens),
+        retry_after=lambda: engine.load_snapshot().queue_time_p90,
+    )

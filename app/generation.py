@@ -14,11 +14,13 @@ from typing import TypeVar
 
 from fastapi import Request
 
+from app.admission import DEGRADED_HEADER
 from app.errors import invalid_request, not_found_model, server_error, service_unavailable
+from app.output_source import OutputSource
 from app.schemas import ChatCompletionRequest, CompletionRequest, chat_logprob_entry
 from app.settings import Settings
-from app.state import RETRY_AFTER_SECONDS
-from models.async_engine import AsyncEngine, RequestGroup
+from app.state import RETRY_AFTER_SECONDS, ServerState
+from models.async_engine import AsyncEngine
 from models.outputs import RequestOutput
 from models.sampler import TokenLogprob
 from models.sampling_params import SamplingParams
@@ -70,14 +72,29 @@ def sampling_params(
     return [replace(base, seed=None if base.seed is None else base.seed + i) for i in range(request.n)]
 
 
+def admit(
+    state: ServerState, num_prompt_tokens: int, priority: int, choices: Sequence[SamplingParams]
+) -> tuple[int, list[SamplingParams]]:
+    """The degradation level for this request and its choices as degraded; 503s raised here."""
+    if state.admission is None:
+        return 0, list(choices)
+    level = state.admission.admit(num_prompt_tokens, priority)
+    return level, state.admission.degrade(choices, level)
+
+
 def submit(
     engine: AsyncEngine, prompts: Sequence[list[int]], choices: Sequence[SamplingParams], priority: int
-) -> RequestGroup:
+) -> OutputSource:
     """Submit len(prompts) x len(choices) sequences; choice index = prompt_index * n + choice."""
     try:
         return engine.submit([(prompt, params) for prompt in prompts for params in choices], priority=priority)
     except RuntimeError as exc:
         raise service_unavailable(f"The engine is not available: {exc}", RETRY_AFTER_SECONDS) from exc
+
+
+def degraded_headers(level: int) -> dict[str, str]:
+    """The level applied to a response, in a header: the OpenAI body shape never changes."""
+    return {DEGRADED_HEADER: str(level)} if level else {}
 
 
 @dataclass(slots=True)
@@ -89,24 +106,28 @@ class ChoiceResult:
     num_prompt_tokens: int = 0
 
 
-async def collect(group: RequestGroup) -> list[ChoiceResult]:
-    """Gather a whole non-streamed response; an engine error becomes a 500."""
-    results = [ChoiceResult() for _ in group.request_ids]
-    async with group:
-        async for output in group:
-            result = results[group.index[output.request_id]]
-            raise_if_failed(output)
-            result.text.append(output.text)
-            result.token_ids += output.token_ids
-            result.logprobs += output.logprobs
-            result.finish_reason = output.finish_reason
-            result.num_prompt_tokens = output.num_prompt_tokens
+async def collect(source: OutputSource) -> list[ChoiceResult]:
+    """Gather a whole non-streamed response; an engine error becomes a 500 (or 503)."""
+    results = [ChoiceResult() for _ in source.request_ids]
+    async with source:
+        while not source.finished:
+            for output in await source.next_outputs():
+                result = results[source.index[output.request_id]]
+                raise_if_failed(output)
+                result.text.append(output.text)
+                result.token_ids += output.token_ids
+                result.logprobs += output.logprobs
+                result.finish_reason = output.finish_reason
+                result.num_prompt_tokens = output.num_prompt_tokens
     return results
 
 
 def raise_if_failed(output: RequestOutput) -> None:
-    if output.error is not None:
-        raise server_error(f"The server had an error while generating: {output.error}")
+    if output.error is None:
+        return
+    if output.finish_reason is FinishReason.REJECTED:  # dropped unrun: retrying later can work
+        raise service_unavailable(f"The server is overloaded: {output.error}.", RETRY_AFTER_SECONDS)
+    raise server_error(f"The server had an error while generating: {output.error}")
 
 
 class ClientDisconnected(Exception):
@@ -127,6 +148,8 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
         if not task.done():
             task.cancel()
+            # Let the work's cleanup (abort, refunds) finish before the handler returns.
+            await asyncio.wait({task})
     if task.cancelled():
         raise ClientDisconnected
     return task.result()

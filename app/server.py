@@ -17,13 +17,18 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
+from app.admission import build_admission
+from app.dedup import DedupCache
 from app.errors import install_error_handlers
 from app.routes import router
 from app.settings import Settings
 from app.state import ServerState
 from middleware.auth import ApiKeyMiddleware
 from middleware.body_limit import BodyLimitMiddleware
+from middleware.idempotency import IdempotencyMiddleware, build_store
+from middleware.rate_limit import Limits, RateLimitMiddleware, per_key_limits
 from middleware.redis_backend import RedisBackend
+from middleware.token_bucket import InProcessBuckets, RedisBuckets
 from models.async_engine import AsyncEngine
 
 log = logging.getLogger("surge.server")
@@ -33,10 +38,12 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     state = ServerState(settings)
     if settings.redis_url:
         state.redis = RedisBackend(settings.redis_url, timeout=settings.redis_timeout_ms / 1000)
+    state.dedup = DedupCache(ttl=settings.dedup_ttl_seconds, redis=state.redis)
 
     async def load() -> None:
         try:
             state.engine = await AsyncEngine.start(settings.engine)
+            state.admission = build_admission(settings.degradation, settings.admission, state.engine)
             log.info("ready: serving %s as %r", settings.model, settings.model_name)
         except Exception as exc:
             log.exception("could not start the engine")
@@ -52,6 +59,7 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
         finally:
             state.is_shutting_down = True
             loader.cancel()
+            await state.dedup.aclose()
             if state.engine is not None:
                 await asyncio.to_thread(state.engine.stop)
             if state.redis is not None:
@@ -68,12 +76,25 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     # - CORS outside everything, so preflights and every rejection carry CORS headers.
     # - API keys: 401 from headers alone, before any body is read.
     # - Body limit: 413 before anything buffers a body.
-    # - (rate limit) 429 on the requests bucket: outside idempotency, so a 429 is never stored
-    #   as an idempotent result and a retry runs again.
-    # - (idempotency) replays and 409s never reach the model; only completed responses are stored.
+    # - Rate limits (when a limit is set): 429 on the requests bucket, outside idempotency, so a
+    #   429 is never stored as an idempotent result and a retry runs again. The tokens bucket is
+    #   checked by the routes, where the cost is known; this layer adds the x-ratelimit headers.
+    # - Idempotency keys: replays and 409s never reach the model; only completed responses are
+    #   stored. Always on: without an Idempotency-Key header a request passes at no cost.
     middleware: list[tuple[type, dict[str, object]]] = [
-        (ApiKeyMiddleware, {"api_keys": settings.api_key}),
+        (ApiKeyMiddleware, _auth_options(settings)),
         (BodyLimitMiddleware, {"max_body_bytes": settings.max_body_bytes}),
+        *_rate_limit_middleware(settings, state),
+        (
+            IdempotencyMiddleware,
+            {
+                "store": build_store(
+                    state.redis,
+                    ttl_seconds=settings.idempotency_ttl_seconds,
+                    lease_seconds=settings.idempotency_lease_seconds,
+                )
+            },
+        ),
     ]
     if settings.cors_origin:
         middleware.insert(
@@ -91,6 +112,27 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     for cls, options in reversed(middleware):
         app.add_middleware(cls, **options)  # type: ignore[arg-type]
     return app
+
+
+def _auth_options(settings: Settings) -> dict[str, object]:
+    """--api-key values and the keys of --keys-file are all accepted keys."""
+    keys = settings.keys
+    if keys is None:
+        return {"api_keys": settings.api_key}
+    return {"api_keys": (*settings.api_key, *keys.keys), "priority_tiers": keys.priority_tiers()}
+
+
+def _rate_limit_middleware(settings: Settings, state: ServerState) -> list[tuple[type, dict[str, object]]]:
+    """The rate-limit layer, when --rate-limit-rpm / --rate-limit-tpm or the keys file set a limit."""
+    limits = Limits(settings.rate_limit_rpm, settings.rate_limit_tpm)
+    key_limits = per_key_limits(settings.keys, limits) if settings.keys is not None else {}
+    if not limits.is_limited and not any(key.is_limited for key in key_limits.values()):
+        return []
+    if state.redis is None:
+        state.rate_limits = InProcessBuckets()
+    else:
+        state.rate_limits = RedisBuckets(state.redis, fallback_share=settings.rate_limit_replicas)
+    return [(RateLimitMiddleware, {"buckets": state.rate_limits, "limits": limits, "key_limits": key_limits})]
 
 
 def serve(settings: Settings) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from app.admission import DEFAULT_CANNED_REPLY, AdmissionConfig
 from app.degradation import DegradationConfig
+from middleware.keys_file import KeysFile, load_keys_file
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
 
 
@@ -71,6 +72,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("rate_limit_rpm", int, 0, "requests per minute per API key (per client address without keys); 0 = off"),
     Option("rate_limit_tpm", int, 0, "tokens (prompt + max_tokens) per minute per API key; 0 = off"),
     Option("keys_file", str, "", "YAML or JSON file of API keys with per-key limits and priority tier"),
+    Option(
+        "rate_limit_replicas",
+        int,
+        1,
+        "replicas sharing the limits through Redis; while Redis is unreachable each enforces 1/N of them",
+    ),
     # --- idempotency and dedup -----------------------------------------------------------------
     Option(
         "idempotency_ttl_seconds", float, 86400.0, "how long a finished response is kept for Idempotency-Key retries"
@@ -116,6 +123,7 @@ class Settings:
     rate_limit_rpm: int = 0
     rate_limit_tpm: int = 0
     keys_file: str = ""
+    rate_limit_replicas: int = 1
     idempotency_ttl_seconds: float = 86400.0
     idempotency_lease_seconds: float = 30.0
     dedup_ttl_seconds: float = 300.0
@@ -135,6 +143,7 @@ class Settings:
     engine: EngineConfig = field(init=False)
     degradation: DegradationConfig = field(init=False)
     admission: AdmissionConfig = field(init=False)
+    keys: KeysFile | None = field(init=False)  # the parsed --keys-file, checked at start-up
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -147,6 +156,8 @@ class Settings:
             raise ValueError("redis_timeout_ms must be positive")
         if self.rate_limit_rpm < 0 or self.rate_limit_tpm < 0:
             raise ValueError("rate limits must be 0 (off) or positive")
+        if self.rate_limit_replicas < 1:
+            raise ValueError("rate_limit_replicas must be at least 1")
         if self.idempotency_ttl_seconds <= 0 or self.idempotency_lease_seconds <= 0:
             raise ValueError("idempotency TTL and lease must be positive")
         if self.dedup_ttl_seconds < 0:
@@ -177,6 +188,8 @@ class Settings:
             shed_priority=self.shed_priority,
         )
         object.__setattr__(self, "admission", admission)
+        # A KeysFileError (a ValueError) names the file, the key and the field.
+        object.__setattr__(self, "keys", load_keys_file(self.keys_file) if self.keys_file else None)
 
     @property
     def model_name(self) -> str:

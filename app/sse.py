@@ -8,10 +8,12 @@ engine as whole characters, so no event ever carries half a UTF-8 character.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 KEEPALIVE = b": keep-alive\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -22,8 +24,33 @@ def event(data: str) -> bytes:
     return b"data: " + data.encode() + b"\n\n"
 
 
-def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream", headers=HEADERS)
+class SSEResponse(StreamingResponse):
+    """A StreamingResponse that always runs `on_close` when it ends, however it ends.
+
+    NOTE: if the client is gone before the first chunk, Starlette cancels the response without
+    ever starting the body generator, so a `finally` inside the generator never runs; the
+    request's engine work would go on for nobody. `on_close` runs here in any case.
+    """
+
+    def __init__(
+        self, events: AsyncIterator[bytes], headers: dict[str, str] | None, on_close: Callable[[], Awaitable[None]]
+    ) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={**HEADERS, **(headers or {})})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # Shielded: when the client is gone this task is being cancelled, and the cleanup
+            # (abort in the engine, token refunds) must still run to the end.
+            await asyncio.shield(self._on_close())
+
+
+def sse_response(
+    events: AsyncIterator[bytes], headers: dict[str, str] | None, on_close: Callable[[], Awaitable[None]]
+) -> SSEResponse:
+    return SSEResponse(events, headers, on_close)
 
 
 def error_event(message: str, error_type: str = "server_error") -> bytes:

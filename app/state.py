@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from app.admission import Admission
+from app.dedup import DedupCache
 from app.errors import OpenAIError, service_unavailable
 from app.settings import Settings
 from middleware.redis_backend import RedisBackend
+from middleware.token_bucket import TokenBuckets
 from models.async_engine import AsyncEngine
 
 # Seconds a client should wait before retrying while the model loads or the engine is down.
@@ -20,6 +23,10 @@ class ServerState:
     settings: Settings
     engine: AsyncEngine | None = None
     redis: RedisBackend | None = None  # set when --redis-url is given
+    rate_limits: TokenBuckets | None = None  # set when a rate limit is on
+    admission: Admission | None = None  # set with the engine
+    # Off (ttl 0) until create_app sets the configured one, so routes never branch on it.
+    dedup: DedupCache = field(default_factory=lambda: DedupCache(ttl=0))
     load_error: BaseException | None = None
     is_shutting_down: bool = False
 

@@ -8,12 +8,15 @@ Rules, in order:
 - with no keys configured, every request passes (auth is off);
 - open paths (health, readiness, metrics) and CORS preflights pass unauthenticated;
 - anything else needs a configured key, else 401 with OpenAI's error body.
+
+An authenticated request carries its key in `scope["state"]["api_key"]`, and its priority tier
+(from `--keys-file`, lower = more important) in `scope["state"]["priority_tier"]` when it has one.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -36,6 +39,7 @@ class ApiKeyMiddleware:
         *,
         api_keys: Sequence[str],
         open_paths: Collection[str] = DEFAULT_OPEN_PATHS,
+        priority_tiers: Mapping[str, int] | None = None,
     ) -> None:
         for key in api_keys:
             if not isinstance(key, str) or not key.strip():
@@ -44,6 +48,9 @@ class ApiKeyMiddleware:
         # Kept as bytes: the header arrives as bytes, and compare_digest needs equal types.
         self._keys = tuple(dict.fromkeys(key.encode() for key in api_keys))
         self._open_paths = frozenset(open_paths)
+        self._tiers = {key.encode(): tier for key, tier in (priority_tiers or {}).items()}
+        if not set(self._tiers) <= set(self._keys):
+            raise ValueError("every key with a priority tier must be an accepted API key")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self._keys or self._is_exempt(scope):
@@ -58,7 +65,10 @@ class ApiKeyMiddleware:
         if matched is None:
             await _reject(send, _WRONG_KEY_MESSAGE)
             return
-        scope.setdefault("state", {})["api_key"] = matched.decode()
+        state = scope.setdefault("state", {})
+        state["api_key"] = matched.decode()
+        if (tier := self._tiers.get(matched)) is not None:
+            state["priority_tier"] = tier
         await self.app(scope, receive, send)
 
     def _is_exempt(self, scope: Scope) -> bool:

@@ -2,15 +2,19 @@
 
     .venv/bin/python scripts/bench.py --model-size m --concurrency 32
     .venv/bin/python scripts/bench.py --smoke --out /tmp/bench.md   # seconds long, for CI
+    .venv/bin/python scripts/bench.py --stack off,memory,redis        # the traffic stack's cost
 
 For each concurrency B, one measurement after another so nothing overlaps:
 - `ceiling`: the model in a fresh subprocess, batch B, 32 random prompt tokens, one prefill and a
   hand-written greedy decode loop over a `DynamicCache`; tokens/s of the best of 2 runs after a warmup.
 - each system under test (today `surge`): started fresh, warmed up, then B closed-loop workers that
   each stream `--requests-per-client` chat completions back to back over one `httpx.AsyncClient`.
+  With `--stack`, one fresh surge per traffic-stack mode (see `STACK_MODES`), rows `surge[MODE]`,
+  and a "vs stack off" section: each mode's tokens/s and TTFT p50 over `off`'s at the same B.
 
-A system under test is anything with `name`, `base_url`, `model_name`, `request_extras`, `start()`,
-`stop()` and `peak_rss_mib()`; the load runner knows nothing else about it.
+A system under test is anything with `name`, `base_url`, `model_name`, `request_extras`,
+`request_headers()`, `start()`, `stop()`, `peak_rss_mib()` and `stats()`; the load runner knows
+nothing else about it.
 
 NOTE: load is driven with raw httpx, not the openai SDK, which costs about a core by itself
 (FACTS.md, "Load clients"). The client still shares the machine's cores with the server; the
@@ -28,11 +32,15 @@ import os
 import platform
 import random
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,17 +68,111 @@ class SystemUnderTest(Protocol):
     model_name: str  # the `model` field requests must carry
     request_extras: dict[str, Any]  # extra request-body fields it accepts (e.g. ignore_eos)
 
+    def request_headers(self) -> dict[str, str]: ...  # once per request (e.g. a fresh Idempotency-Key)
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def peak_rss_mib(self) -> float | None: ...
+    def stats(self) -> dict[str, Any]: ...  # extra numbers for the JSON row, read after the load
+
+
+class Sidecar(Protocol):
+    """A process a server needs (e.g. Redis): started before it, stopped after it."""
+
+    def start(self) -> dict[str, str]: ...  # argv fields for the server, e.g. {"redis_url": ...}
+    def stop(self) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def no_headers() -> dict[str, str]:
+    return {}
+
+
+def idempotency_key_headers() -> dict[str, str]:
+    """A fresh key per request, so the idempotency layer claims, records and stores every response."""
+    return {"Idempotency-Key": str(uuid.uuid4())}
+
+
+@dataclass
+class RedisServer:
+    """A throwaway `redis-server` on a free loopback port: no persistence, its files in a temp dir."""
+
+    log_path: Path
+    startup_timeout_s: float = 10.0
+    url: str = ""
+    proc: subprocess.Popen[bytes] | None = None
+    tmp_dir: tempfile.TemporaryDirectory[str] | None = None
+    client: Any = None  # a redis.Redis kept on one connection, so the count below includes no handshakes
+    commands_at_start: int | None = None
+
+    def start(self) -> dict[str, str]:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        import redis  # surge's own dependency; imported here so a plain run does not need it
+
+        port = free_port()
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.tmp_dir = tempfile.TemporaryDirectory(prefix="bench-redis-")
+        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        argv += ["--dir", self.tmp_dir.name]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}; log tail:\n{tail}")
+            with contextlib.suppress(redis.RedisError):  # NOTE: a single-connection client connects at once
+                self.client = redis.Redis.from_url(self.url, socket_timeout=2.0, single_connection_client=True)
+                self.commands_at_start = self._commands_processed()
+                return {"redis_url": self.url}
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server not answering within {self.startup_timeout_s:.0f} s (log: {self.log_path})")
+
+    def _commands_processed(self) -> int:
+        return int(self.client.info("stats")["total_commands_processed"])
+
+    def stats(self) -> dict[str, Any]:
+        """Commands the server sent Redis (warmup included): evidence that the mode really used Redis."""
+        if self.commands_at_start is None:
+            return {}
+        import redis
+
+        with contextlib.suppress(redis.RedisError):
+            # minus 1: the INFO that read `commands_at_start` counts once it has run.
+            return {"redis_commands": self._commands_processed() - self.commands_at_start - 1}
+        return {}
+
+    def stop(self) -> None:
+        try:
+            if self.client is not None:
+                self.client.close()
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        finally:
+            if self.tmp_dir is not None:
+                self.tmp_dir.cleanup()
+                self.tmp_dir = None
 
 
 @dataclass
 class ServerProcess:
     """An OpenAI-compatible server run as a subprocess on a free port; ready when `ready_path` says 200.
 
-    `argv` may contain `{port}`. argv[0] must be the server itself (no wrapper shell), so that the
-    pid's VmHWM is the server's peak RSS.
+    `argv` may contain `{port}` and the fields its sidecars' `start()` return. argv[0] must be the
+    server itself (no wrapper shell), so that the pid's VmHWM is the server's peak RSS.
     """
 
     name: str
@@ -79,18 +181,20 @@ class ServerProcess:
     log_path: Path
     ready_path: str = "/ready"
     request_extras: dict[str, Any] = field(default_factory=dict)
+    request_headers: Callable[[], dict[str, str]] = no_headers
+    sidecars: list[Sidecar] = field(default_factory=list)
     startup_timeout_s: float = 300.0
     base_url: str = ""
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{port}"
+        fields = {"port": str(free_port())}
+        for sidecar in self.sidecars:
+            fields |= sidecar.start()
+        self.base_url = f"http://127.0.0.1:{fields['port']}"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
-            argv = [arg.format(port=port) for arg in self.argv]
+            argv = [arg.format(**fields) for arg in self.argv]
             self.proc = subprocess.Popen(
                 argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
@@ -112,26 +216,79 @@ class ServerProcess:
                     return int(line.split()[1]) / 1024  # kB -> MiB
         return None
 
+    def stats(self) -> dict[str, Any]:
+        return {key: value for sidecar in self.sidecars for key, value in sidecar.stats().items()}
+
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        finally:
+            for sidecar in reversed(self.sidecars):  # after the server, which may still be talking to them
+                sidecar.stop()
 
 
-def surge_server(model_dir: Path, concurrency: int, args: argparse.Namespace) -> ServerProcess:
+@dataclass(frozen=True)
+class StackMode:
+    """One setting of surge's traffic middleware stack, for `--stack` (issue 3: what does it cost?)."""
+
+    name: str
+    surge_args: tuple[str, ...]
+    uses_idempotency_keys: bool  # every request carries a fresh key
+    uses_redis: bool  # the bench starts a redis-server and fills `{redis_url}`
+
+
+# The whole traffic stack switched off (rate limits are off by default; said here anyway).
+_STACK_OFF_ARGS: tuple[str, ...] = ("--rate-limit-rpm", "0", "--rate-limit-tpm", "0", "--dedup-ttl-seconds", "0")
+_STACK_OFF_ARGS += ("--degrade-thresholds", "off", "--max-queued-requests", "0", "--max-queue-seconds", "0")
+# On: rate limits far above anything a bench sends, so every request pays the bucket check and none is
+# refused; dedup, degradation and the bounded queue at the server's defaults.
+_STACK_ON_ARGS = ("--rate-limit-rpm", "1000000", "--rate-limit-tpm", "1000000000")
+STACK_MODES = {
+    mode.name: mode
+    for mode in (
+        StackMode("off", _STACK_OFF_ARGS, uses_idempotency_keys=False, uses_redis=False),
+        StackMode("memory", _STACK_ON_ARGS, uses_idempotency_keys=True, uses_redis=False),
+        StackMode(
+            "redis", (*_STACK_ON_ARGS, "--redis-url", "{redis_url}"), uses_idempotency_keys=True, uses_redis=True
+        ),
+    )
+}
+
+
+def surge_server(
+    model_dir: Path, concurrency: int, args: argparse.Namespace, stack: StackMode | None = None
+) -> ServerProcess:
+    """`surge serve` as the bench runs it; `stack=None` is the plain run at the server's defaults."""
     argv = [sys.executable, "-m", "app.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1"]
     argv += ["--port", "{port}", "--num-threads", str(args.threads), "--max-num-seqs", str(max(concurrency, 32))]
     if args.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    if stack is not None:
+        argv += stack.surge_args
     # Per-request access-log lines are work a production deployment would not do.
     argv += ["--log-level", "warning", *args.surge_arg]
-    log_path = args.out.parent / f"surge-c{concurrency}.log"
-    return ServerProcess("surge", argv, str(model_dir), log_path, request_extras={"ignore_eos": True})
+    if stack is None:
+        log_path = args.out.parent / f"surge-c{concurrency}.log"
+        return ServerProcess("surge", argv, str(model_dir), log_path, request_extras={"ignore_eos": True})
+    log_path = args.out.parent / f"surge-{stack.name}-c{concurrency}.log"
+    sidecars: list[Sidecar] = []
+    if stack.uses_redis:
+        sidecars.append(RedisServer(args.out.parent / f"redis-{stack.name}-c{concurrency}.log"))
+    return ServerProcess(
+        f"surge[{stack.name}]",
+        argv,
+        str(model_dir),
+        log_path,
+        request_extras={"ignore_eos": True},
+        request_headers=idempotency_key_headers if stack.uses_idempotency_keys else no_headers,
+        sidecars=sidecars,
+    )
 
 
 # ---------------------------------------------------------------- load runner
@@ -156,13 +313,15 @@ class LoadSpec:
     seed: int = 0
 
 
-async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> RequestResult:
+async def stream_chat(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> RequestResult:
     result = RequestResult()
     content_times: list[float] = []
     finish_reason, usage = None, None
     start = time.perf_counter()
     try:
-        async with client.stream("POST", url, json=body) as response:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")[:200]
                 return RequestResult(error=f"HTTP {response.status_code}: {text}")
@@ -211,7 +370,10 @@ async def run_load(sut: SystemUnderTest, spec: LoadSpec) -> tuple[list[RequestRe
         async def worker(index: int) -> list[RequestResult]:
             mine = prompts[index * per_client : (index + 1) * per_client]
             return [
-                await stream_chat(client, url, {**body, "messages": [{"role": "user", "content": p}]}) for p in mine
+                await stream_chat(
+                    client, url, {**body, "messages": [{"role": "user", "content": p}]}, sut.request_headers()
+                )
+                for p in mine
             ]
 
         cpu_start, start = time.process_time(), time.perf_counter()
@@ -262,6 +424,7 @@ def measure(sut: SystemUnderTest, spec: LoadSpec) -> tuple[dict[str, Any], list[
         row["loadavg_1m_before"] = os.getloadavg()[0]
         results, wall_s, row["client_cpu_s"] = asyncio.run(run_load(sut, spec))
         row["peak_rss_mib"] = sut.peak_rss_mib()
+        row |= sut.stats()
     except Exception as exc:  # a broken system is a result, not the end of the benchmark
         results, wall_s = [RequestResult(error=f"{type(exc).__name__}: {exc}")], 0.0
     finally:
@@ -351,12 +514,42 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
 # fmt: on
 
 
+# The "vs stack off" section: ratios of each `--stack` mode over `off` at the same concurrency.
+# fmt: off
+VS_OFF_COLUMNS: tuple[tuple[str, str, int | None], ...] = (
+    ("system", "system", None), ("concurrency", "concurrency", None),
+    ("tokens/s", "tokens_per_s", 1), ("tokens/s vs off", "vs_off_tokens_per_s", None),
+    ("TTFT p50 ms", "ttft_p50_s", 1000), ("TTFT p50 vs off", "vs_off_ttft_p50", None),
+    ("errors", "num_errors", None),
+)
+# fmt: on
+
+
 def format_cell(value: Any, scale: int | None) -> str:
     if value is None:
         return "–"
     if scale is not None:
         return f"{value * scale:.1f}"
     return f"{value:.2f}x" if isinstance(value, float) else str(value)
+
+
+def markdown_table(columns: tuple[tuple[str, str, int | None], ...], rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| " + " | ".join(title for title, _, _ in columns) + " |", "|" + "---|" * len(columns)]
+    return lines + [
+        "| " + " | ".join(format_cell(row.get(key), scale) for _, key, scale in columns) + " |" for row in rows
+    ]
+
+
+def add_vs_off(rows: list[dict[str, Any]]) -> None:
+    """Set each stack row's tokens/s and TTFT p50 as ratios over the `off` row at its concurrency."""
+    off = {row["concurrency"]: row for row in rows if row.get("stack") == "off" and row.get("tokens_per_s")}
+    for row in rows:
+        base = off.get(row["concurrency"])
+        if row.get("stack") is None or base is None or row.get("num_errors") == row.get("num_requests"):
+            continue
+        row["vs_off_tokens_per_s"] = row["tokens_per_s"] / base["tokens_per_s"]
+        if row.get("ttft_p50_s") is not None and base.get("ttft_p50_s"):
+            row["vs_off_ttft_p50"] = row["ttft_p50_s"] / base["ttft_p50_s"]
 
 
 def render(rows: list[dict[str, Any]], machine: dict[str, Any], command: str, note: str) -> str:
@@ -369,10 +562,19 @@ def render(rows: list[dict[str, Any]], machine: dict[str, Any], command: str, no
         "",
         note,
         "",
-        "| " + " | ".join(title for title, _, _ in COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
+        *markdown_table(COLUMNS, rows),
     ]
-    lines += ["| " + " | ".join(format_cell(row.get(key), scale) for _, key, scale in COLUMNS) + " |" for row in rows]
+    stack_rows = [row for row in rows if row.get("stack") is not None]
+    if any("vs_off_tokens_per_s" in row for row in stack_rows):
+        lines += [
+            "",
+            "### vs stack off",
+            "",
+            "Each mode over `off` at the same concurrency: tokens/s below 1.00x and TTFT above 1.00x are the "
+            "traffic stack's cost. Modes ran one after another, each on a fresh server; single runs.",
+            "",
+            *markdown_table(VS_OFF_COLUMNS, stack_rows),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -391,6 +593,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads, for the server and the ceiling")
     parser.add_argument("--max-num-batched-tokens", type=int, help="passed to surge; default: the server's own")
     parser.add_argument("--surge-arg", action="append", default=[], help="extra `surge serve` argument (repeatable)")
+    parser.add_argument(
+        "--stack",
+        help=f"comma-separated traffic-stack modes ({', '.join(STACK_MODES)}), one surge run each; "
+        "default: one run at the server's defaults",
+    )
     parser.add_argument("--no-ceiling", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench-results" / "bench.md")
     parser.add_argument("--smoke", action="store_true", help="seconds long: size s, concurrency 4, 8 tokens, 1 each")
@@ -400,6 +607,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     if not args.concurrency or min(args.concurrency) < 1 or args.max_tokens < 1 or args.requests_per_client < 1:
         parser.error("--concurrency, --max-tokens and --requests-per-client must be positive")
+    if args.stack is not None:
+        names = [name.strip() for name in args.stack.split(",") if name.strip()]
+        unknown = sorted(set(names) - set(STACK_MODES))
+        if not names or unknown or len(set(names)) != len(names):
+            parser.error(f"--stack takes distinct modes among {', '.join(STACK_MODES)}; got {args.stack!r}")
+        args.stack = [STACK_MODES[name] for name in names]
     return args
 
 
@@ -427,19 +640,25 @@ def main(argv: list[str]) -> int:
             rows.append({"system": "ceiling", "concurrency": concurrency, **ceiling})
             print(f"ceiling B={concurrency}: {ceiling['tokens_per_s']:.1f} tok/s", flush=True)
         spec = LoadSpec(concurrency, args.requests_per_client, args.max_tokens, args.prompt_words)
-        suts: list[SystemUnderTest] = [surge_server(model_dir, concurrency, args)]
-        for sut in suts:
+        stacks: list[StackMode | None] = args.stack or [None]
+        for stack in stacks:
+            sut = surge_server(model_dir, concurrency, args, stack)
             row, results = measure(sut, spec)
+            if stack is not None:
+                row["stack"] = stack.name
             if ceiling is not None and row["tokens_per_s"]:
                 row["vs_ceiling"] = row["tokens_per_s"] / ceiling["tokens_per_s"]
             rows.append(row)
             raw.append({"system": sut.name, "concurrency": concurrency, "requests": [asdict(r) for r in results]})
+            redis_note = f", {row['redis_commands']} redis commands" if "redis_commands" in row else ""
             print(
-                f"{sut.name} c={concurrency}: {row['tokens_per_s']:.1f} tok/s, {row['num_errors']} errors", flush=True
+                f"{sut.name} c={concurrency}: {row['tokens_per_s']:.1f} tok/s, {row['num_errors']} errors{redis_note}",
+                flush=True,
             )
             for error in row["errors"]:
                 print(f"  error: {error}", file=sys.stderr)
 
+    add_vs_off(rows)
     table = render(rows, machine, command, note)
     print("\n" + table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

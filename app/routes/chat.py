@@ -18,13 +18,14 @@ from app.generation import (
     collect,
     finish_reason_text,
     sampling_params,
-    submit,
     unless_disconnected,
 )
+from app.output_source import OutputSource
+from app.pipeline import start_generation
 from app.schemas import ChatChunkEncoder, ChatCompletionRequest, Usage, new_chat_completion_id
 from app.sse import DONE, KEEPALIVE, error_event, event, sse_response
 from app.state import ServerState, get_engine, get_state
-from models.async_engine import AsyncEngine, RequestGroup
+from models.async_engine import AsyncEngine
 
 router = APIRouter()
 
@@ -42,7 +43,8 @@ async def create_chat_completion(
     except Exception as exc:  # a template that rejects the conversation (e.g. role order)
         raise invalid_request(f"The chat template could not render these messages: {exc}", param="messages") from exc
     choices = sampling_params(engine, body, len(prompt), body.requested_max_tokens, "messages")
-    group = submit(engine, [prompt], choices, body.priority)
+    started = await start_generation(request, state, engine, [prompt], choices, body.priority, "chat")
+    group, choices, headers = started.source, started.choices, started.headers
     completion_id = new_chat_completion_id()
     created = int(time.time())
     if body.stream:
@@ -50,13 +52,18 @@ async def create_chat_completion(
             completion_id=completion_id, model=body.model, created=created, include_usage=body.include_usage
         )
         return sse_response(
-            _stream(group, encoder, engine, len(prompt), state.settings.keepalive_seconds, body.include_usage)
+            _stream(group, encoder, engine, len(prompt), state.settings.keepalive_seconds, body.include_usage),
+            headers,
+            on_close=lambda: group.__aexit__(None, None, None),
         )
     try:
         results = await unless_disconnected(request, collect(group))
     except ClientDisconnected:
         return Response(status_code=499)
-    return JSONResponse(_response_body(completion_id, created, body.model, results, engine, body.logprobs))
+    want_logprobs = body.logprobs and choices[0].logprobs is not None  # level 1 drops them
+    return JSONResponse(
+        _response_body(completion_id, created, body.model, results, engine, want_logprobs), headers=headers
+    )
 
 
 def _response_body(
@@ -88,7 +95,7 @@ def _response_body(
 
 
 async def _stream(
-    group: RequestGroup,
+    group: OutputSource,
     encoder: ChatChunkEncoder,
     engine: AsyncEngine,
     num_prompt: int,

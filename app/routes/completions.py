@@ -17,13 +17,14 @@ from app.generation import (
     collect,
     finish_reason_text,
     sampling_params,
-    submit,
     unless_disconnected,
 )
+from app.output_source import OutputSource
+from app.pipeline import start_generation
 from app.schemas import CompletionChunkEncoder, CompletionRequest, Usage, completion_logprobs, new_completion_id
 from app.sse import DONE, KEEPALIVE, error_event, event, sse_response
 from app.state import ServerState, get_engine, get_state
-from models.async_engine import AsyncEngine, RequestGroup
+from models.async_engine import AsyncEngine
 from models.sampler import TokenLogprob
 from models.tokenizer import Tokenizer
 
@@ -48,7 +49,8 @@ async def create_completion(
     # The longest prompt decides whether max_tokens fits (and its default, when left out).
     longest = max(len(ids) for ids in prompts)
     choices = sampling_params(engine, body, longest, body.requested_max_tokens, "prompt")
-    group = submit(engine, prompts, choices, body.priority)
+    started = await start_generation(request, state, engine, prompts, choices, body.priority, "completions")
+    group, choices, headers = started.source, started.choices, started.headers
     completion_id = new_completion_id()
     created = int(time.time())
     num_prompt = sum(len(ids) for ids in prompts)
@@ -57,13 +59,19 @@ async def create_completion(
             completion_id=completion_id, model=body.model, created=created, include_usage=body.include_usage
         )
         return sse_response(
-            _stream(group, encoder, engine.tokenizer, num_prompt, state.settings.keepalive_seconds, body.include_usage)
+            _stream(group, encoder, engine.tokenizer, num_prompt, state.settings.keepalive_seconds, body.include_usage),
+            headers,
+            on_close=lambda: group.__aexit__(None, None, None),
         )
     try:
         results = await unless_disconnected(request, collect(group))
     except ClientDisconnected:
         return Response(status_code=499)
-    return JSONResponse(_response_body(completion_id, created, body.model, results, engine.tokenizer, num_prompt, body))
+    want_logprobs = body.logprobs is not None and choices[0].logprobs is not None  # level 1 drops them
+    return JSONResponse(
+        _response_body(completion_id, created, body.model, results, engine.tokenizer, num_prompt, want_logprobs),
+        headers=headers,
+    )
 
 
 def _logprobs(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob], offset: int) -> dict[str, object]:
@@ -83,7 +91,7 @@ def _response_body(
     results: list[ChoiceResult],
     tokenizer: Tokenizer,
     num_prompt: int,
-    body: CompletionRequest,
+    want_logprobs: bool,
 ) -> dict[str, object]:
     return {
         "id": completion_id,
@@ -94,7 +102,7 @@ def _response_body(
             {
                 "index": i,
                 "text": "".join(r.text),
-                "logprobs": _logprobs(tokenizer, r.logprobs, 0) if body.logprobs is not None else None,
+                "logprobs": _logprobs(tokenizer, r.logprobs, 0) if want_logprobs else None,
                 "finish_reason": finish_reason_text(r.finish_reason),
             }
             for i, r in enumerate(results)
@@ -104,7 +112,7 @@ def _response_body(
 
 
 async def _stream(
-    group: RequestGroup,
+    group: OutputSource,
     encoder: CompletionChunkEncoder,
     tokenizer: Tokenizer,
     num_prompt: int,

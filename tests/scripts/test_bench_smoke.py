@@ -26,7 +26,9 @@ def test_bench_smoke_writes_a_surge_row_without_errors(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    lines = out.read_text().splitlines()
+    text = out.read_text()
+    assert "vs stack off" not in text  # only `--stack` runs compare modes
+    lines = text.splitlines()
     header = next(line for line in lines if line.startswith("| system |"))
     titles = [cell.strip() for cell in header.strip("|").split("|")]
     surge_rows = [line for line in lines if line.startswith("| surge |")]

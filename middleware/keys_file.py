@@ -1,0 +1,101 @@
+"""The `--keys-file`: API keys with optional per-key rate limits and a priority tier.
+
+A YAML or JSON mapping from key to settings (or to nothing):
+
+    sk-team-a: {rpm: 600, tpm: 200000, tier: 0}
+    sk-batch:  {tpm: 50000, tier: 2}
+    sk-plain:                         # a valid key with the server-wide limits
+
+`rpm` and `tpm` override `--rate-limit-rpm` / `--rate-limit-tpm` for that key (0 = unlimited);
+`tier` is a priority tier for load shedding (lower = more important). Every key in the file is a
+valid API key. The file is checked once at start-up; any problem is a `KeysFileError` that
+names the file, the key and the field. Must not know `app/`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+FIELDS = ("rpm", "tpm", "tier")
+
+
+class KeysFileError(ValueError):
+    """The keys file is missing, unreadable or invalid."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEntry:
+    key: str
+    rpm: int | None = None  # None: the server-wide --rate-limit-rpm
+    tpm: int | None = None  # None: the server-wide --rate-limit-tpm
+    tier: int | None = None  # None: no tier of its own
+
+
+@dataclass(frozen=True, slots=True)
+class KeysFile:
+    path: str
+    entries: tuple[KeyEntry, ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(entry.key for entry in self.entries)
+
+    def priority_tiers(self) -> dict[str, int]:
+        return {entry.key: entry.tier for entry in self.entries if entry.tier is not None}
+
+
+def load_keys_file(path: str | Path) -> KeysFile:
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KeysFileError(f"keys file {source}: cannot read it ({exc})") from None
+    try:
+        data = json.loads(text) if source.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise KeysFileError(f"keys file {source}: not valid {_format(source)} ({exc})") from None
+    return KeysFile(str(source), parse_keys(data, str(source)))
+
+
+def parse_keys(data: object, source: str = "keys file") -> tuple[KeyEntry, ...]:
+    if not isinstance(data, Mapping) or not data:
+        raise KeysFileError(f"{source}: expected a non-empty mapping of API keys to their settings")
+    return tuple(_entry(key, value, source) for key, value in data.items())
+
+
+def _entry(key: object, value: object, source: str) -> KeyEntry:
+    if not isinstance(key, str):
+        raise KeysFileError(f"{source}: key {key!r} is not a string (quote it)")
+    if not key or key != key.strip() or any(c.isspace() for c in key):
+        raise KeysFileError(f"{source}: key {_masked(key)} is empty or contains whitespace")
+    if value is None:
+        return KeyEntry(key)
+    label = f"{source}: key {_masked(key)}"
+    if not isinstance(value, Mapping):
+        raise KeysFileError(f"{label}: expected a mapping with {', '.join(FIELDS)} (or nothing)")
+    unknown = sorted(str(name) for name in value if name not in FIELDS)
+    if unknown:
+        raise KeysFileError(f"{label}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(FIELDS)}")
+    for name in FIELDS:
+        field_value = value.get(name)
+        # bool is an int in Python; `rpm: yes` is a mistake, not 1.
+        if field_value is not None and (not isinstance(field_value, int) or isinstance(field_value, bool)):
+            raise KeysFileError(f"{label}: {name} must be an integer, not {field_value!r}")
+    for name in ("rpm", "tpm"):
+        if value.get(name) is not None and value[name] < 0:
+            raise KeysFileError(f"{label}: {name} must be 0 (unlimited) or positive")
+    return KeyEntry(key, value.get("rpm"), value.get("tpm"), value.get("tier"))
+
+
+def _masked(key: str) -> str:
+    # Error messages end up in logs; show enough of a key to find it, not the secret.
+    return repr(key[:6] + "...") if len(key) > 8 else repr(key[:2] + "...")
+
+
+def _format(source: Path) -> str:
+    return "JSON" if source.suffix.lower() == ".json" else "YAML"

@@ -1,0 +1,123 @@
+"""The keys file: parsing, start-up errors, per-key limits, and the tier in scope state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+
+from app.cli import main
+from app.settings import Settings
+from middleware.auth import ApiKeyMiddleware
+from middleware.keys_file import KeyEntry, KeysFileError, load_keys_file
+from middleware.rate_limit import Limits, per_key_limits
+from tests.live_server import serve_app
+
+YAML = """
+sk-team-a: {rpm: 600, tpm: 200000, tier: 0}
+sk-batch:
+  tpm: 50000
+  tier: 2
+sk-plain:
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "keys.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_yaml_keys_with_optional_limits_and_tiers(tmp_path: Path) -> None:
+    keys = load_keys_file(write(tmp_path, YAML))
+    assert keys.entries == (
+        KeyEntry("sk-team-a", rpm=600, tpm=200000, tier=0),
+        KeyEntry("sk-batch", tpm=50000, tier=2),
+        KeyEntry("sk-plain"),
+    )
+    assert keys.keys == ("sk-team-a", "sk-batch", "sk-plain")
+    assert keys.priority_tiers() == {"sk-team-a": 0, "sk-batch": 2}
+
+
+def test_json_keys(tmp_path: Path) -> None:
+    keys = load_keys_file(write(tmp_path, '{"sk-a": {"rpm": 0}, "sk-b": null}', "keys.json"))
+    assert keys.entries == (KeyEntry("sk-a", rpm=0), KeyEntry("sk-b"))
+
+
+def test_per_key_limits_fall_back_to_the_server_wide_ones(tmp_path: Path) -> None:
+    keys = load_keys_file(write(tmp_path, YAML))
+    assert per_key_limits(keys, Limits(rpm=60, tpm=1000)) == {
+        "sk-team-a": Limits(600, 200000),
+        "sk-batch": Limits(60, 50000),
+        "sk-plain": Limits(60, 1000),
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "message"),
+    [
+        ("sk-a: [1, 2", "keys.yaml", "not valid YAML"),
+        ('{"sk-a": ', "keys.json", "not valid JSON"),
+        ("- sk-a\n- sk-b\n", "keys.yaml", "expected a non-empty mapping"),
+        ("", "keys.yaml", "expected a non-empty mapping"),
+        ("12345: {rpm: 1}", "keys.yaml", "is not a string (quote it)"),
+        ('"sk a": {rpm: 1}', "keys.yaml", "empty or contains whitespace"),
+        ("sk-a: 5", "keys.yaml", "expected a mapping with rpm, tpm, tier"),
+        ("sk-a: {rpm: 1, burst: 5}", "keys.yaml", "unknown field(s) burst"),
+        ("sk-a: {rpm: -1}", "keys.yaml", "rpm must be 0 (unlimited) or positive"),
+        ("sk-a: {tpm: 1.5}", "keys.yaml", "tpm must be an integer"),
+        ("sk-a: {tier: yes}", "keys.yaml", "tier must be an integer"),
+    ],
+)
+def test_invalid_files_fail_at_startup_naming_the_problem(tmp_path: Path, text: str, name: str, message: str) -> None:
+    path = write(tmp_path, text, name)
+    with pytest.raises(KeysFileError) as caught:
+        load_keys_file(path)
+    assert message in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_a_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(KeysFileError, match="cannot read it"):
+        load_keys_file(tmp_path / "nope.yaml")
+
+
+def test_errors_do_not_print_whole_keys(tmp_path: Path) -> None:
+    with pytest.raises(KeysFileError) as caught:
+        load_keys_file(write(tmp_path, "sk-very-secret-key: {rpm: -1}"))
+    assert "sk-very-secret-key" not in str(caught.value)
+
+
+def test_settings_load_the_file_and_the_cli_reports_a_bad_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = write(tmp_path, YAML)
+    settings = Settings(keys_file=str(good))
+    assert settings.keys is not None and settings.keys.keys == ("sk-team-a", "sk-batch", "sk-plain")
+    bad = write(tmp_path, "sk-a: {rpm: many}", "bad.yaml")
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--keys-file", str(bad)])
+    assert exited.value.code == 2
+    assert "rpm must be an integer" in capsys.readouterr().err
+
+
+def test_the_tier_of_an_authenticated_key_is_in_scope_state() -> None:
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, object]:
+        return {"tier": getattr(request.state, "priority_tier", None)}
+
+    app.add_middleware(ApiKeyMiddleware, api_keys=["sk-a", "sk-b"], priority_tiers={"sk-a": 2})
+    with serve_app(app) as url:
+        tiers = [
+            httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["tier"]
+            for key in ("sk-a", "sk-b")
+        ]
+    assert tiers == [2, None]
+
+
+def test_a_tier_for_an_unknown_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="priority tier"):
+        ApiKeyMiddleware(FastAPI(), api_keys=["sk-a"], priority_tiers={"sk-b": 1})

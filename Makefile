@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test install install-dev lint typecheck unit bench redis clean
+.PHONY: run test install install-dev lint typecheck unit bench redis k8s-tools clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +39,11 @@ typecheck: install-dev
 redis:
 	scripts/ensure-redis.sh
 
-unit: install-dev redis
+# tests/k8s builds the overlays with `kubectl kustomize` and scrapes surge with a real Prometheus.
+k8s-tools:
+	scripts/ensure-k8s-tools.sh
+
+unit: install-dev redis k8s-tools
 	$(PY) -m pytest -q
 
 test: lint typecheck unit

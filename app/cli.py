@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from app.logs import configure_logging
 from app.settings import add_serve_arguments, settings_from_namespace
 
 
@@ -34,9 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_namespace(args, os.environ)
     except ValueError as exc:
         parser.error(str(exc))
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    configure_logging(settings.log_level, settings.log_format)
     from app.server import serve as run_server
 
     run_server(settings)

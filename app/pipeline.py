@@ -6,6 +6,13 @@ Order, and why:
 3. level 3 for the sheddable class: a cached reply, else the canned one, never the model;
 4. otherwise the dedup cache: identical deterministic requests share one generation;
 5. the result is metered so the unused part of the token reservation is refunded at the end.
+
+From admission until the request is submitted to the engine (or settled without it: a dedup
+hit, a canned reply, a refusal) it is *held* here, counted in `state.num_held`: metrics add
+it to the engine's queue, since it is load the engine has not seen yet (a Redis round trip
+for the tokens bucket or the dedup lock can take a while).
+NOTE: a dedup creator that waits for another replica's result stops counting once its stream
+opens, as a follower does: it will not add work to this engine unless that wait gives up.
 """
 
 from __future__ import annotations
@@ -43,7 +50,17 @@ async def start_generation(
     # A keys-file tier is the base priority of everything the key sends.
     priority += int(request.scope.get("state", {}).get("priority_tier", 0))
     level, degraded = admit(state, sum(len(prompt) for prompt in prompts), priority, choices)
-    reservation = await reserve_tokens(request, prompts, degraded)
+    held = _Held(state)
+    try:
+        reservation = await reserve_tokens(request, prompts, degraded)
+    except BaseException:
+        held.release()
+        raise
+
+    def start() -> OutputSource:
+        held.release()
+        return submit(engine, prompts, degraded, priority)
+
     try:
         key = state.dedup.fingerprint(
             request.headers, model=state.settings.model_name, endpoint=endpoint, prompts=prompts, choices=degraded
@@ -55,11 +72,28 @@ async def start_generation(
                 engine, settings.canned_reply, prompts, degraded
             )
         else:
-            source = await state.dedup.run(key, lambda: submit(engine, prompts, degraded, priority))
+            source = await state.dedup.run(key, start)
     except BaseException:
         await reservation.settle(0)
         raise
+    finally:
+        held.release()
     return Started(metered(source, reservation, prompts), degraded, degraded_headers(level))
+
+
+class _Held:
+    """One request in `state.num_held` until `release()` (idempotent)."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: ServerState) -> None:
+        self._state: ServerState | None = state
+        state.num_held += 1
+
+    def release(self) -> None:
+        if self._state is not None:
+            self._state.num_held -= 1
+            self._state = None
 
 
 def _canned(

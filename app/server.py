@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -20,14 +19,18 @@ from starlette.middleware.cors import CORSMiddleware
 from app.admission import build_admission
 from app.dedup import DedupCache
 from app.errors import install_error_handlers
+from app.metrics import install_metrics
 from app.routes import router
 from app.settings import Settings
-from app.state import ServerState
+from app.shutdown import DrainingServer
+from app.state import RETRY_AFTER_SECONDS, ServerState
 from middleware.auth import ApiKeyMiddleware
 from middleware.body_limit import BodyLimitMiddleware
+from middleware.draining import DrainingMiddleware
 from middleware.idempotency import IdempotencyMiddleware, build_store
 from middleware.rate_limit import Limits, RateLimitMiddleware, per_key_limits
 from middleware.redis_backend import RedisBackend
+from middleware.request_id import RequestIdMiddleware
 from middleware.token_bucket import InProcessBuckets, RedisBuckets
 from models.async_engine import AsyncEngine
 
@@ -42,7 +45,7 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
 
     async def load() -> None:
         try:
-            state.engine = await AsyncEngine.start(settings.engine)
+            state.engine = await AsyncEngine.start(settings.engine, observer=engine_metrics)
             state.admission = build_admission(settings.degradation, settings.admission, state.engine)
             log.info("ready: serving %s as %r", settings.model, settings.model_name)
         except Exception as exc:
@@ -71,9 +74,14 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app.state.surge = state
     install_error_handlers(app)
     app.include_router(router)
+    engine_metrics, http_metrics = install_metrics(app, state)  # GET /metrics
 
     # The one declaration of middleware order, outermost first; cheapest rejection first.
-    # - CORS outside everything, so preflights and every rejection carry CORS headers.
+    # - Request id outermost, so every response (rejections included) echoes X-Request-Id and
+    #   every log line of the request, uvicorn's access line included, carries it.
+    # - CORS outside everything else, so preflights and every rejection carry CORS headers.
+    # - HTTP metrics (app/metrics.py) outside every rejection, so 401s, 429s and 503s count too.
+    # - Draining: after SIGTERM, 503 + Retry-After + Connection: close before any other work.
     # - API keys: 401 from headers alone, before any body is read.
     # - Body limit: 413 before anything buffers a body.
     # - Rate limits (when a limit is set): 429 on the requests bucket, outside idempotency, so a
@@ -82,6 +90,12 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     # - Idempotency keys: replays and 409s never reach the model; only completed responses are
     #   stored. Always on: without an Idempotency-Key header a request passes at no cost.
     middleware: list[tuple[type, dict[str, object]]] = [
+        (RequestIdMiddleware, {}),
+        http_metrics,
+        (
+            DrainingMiddleware,
+            {"is_draining": lambda: state.is_shutting_down, "retry_after_seconds": RETRY_AFTER_SECONDS},
+        ),
         (ApiKeyMiddleware, _auth_options(settings)),
         (BodyLimitMiddleware, {"max_body_bytes": settings.max_body_bytes}),
         *_rate_limit_middleware(settings, state),
@@ -92,13 +106,14 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
                     state.redis,
                     ttl_seconds=settings.idempotency_ttl_seconds,
                     lease_seconds=settings.idempotency_lease_seconds,
-                )
+                ),
+                "counts": state.idempotency_counts,
             },
         ),
     ]
     if settings.cors_origin:
         middleware.insert(
-            0,
+            1,
             (
                 CORSMiddleware,
                 {
@@ -132,7 +147,8 @@ def _rate_limit_middleware(settings: Settings, state: ServerState) -> list[tuple
         state.rate_limits = InProcessBuckets()
     else:
         state.rate_limits = RedisBuckets(state.redis, fallback_share=settings.rate_limit_replicas)
-    return [(RateLimitMiddleware, {"buckets": state.rate_limits, "limits": limits, "key_limits": key_limits})]
+    options: dict[str, object] = {"buckets": state.rate_limits, "limits": limits, "key_limits": key_limits}
+    return [(RateLimitMiddleware, {**options, "counts": state.rate_limit_counts})]
 
 
 def serve(settings: Settings) -> None:
@@ -142,20 +158,23 @@ def serve(settings: Settings) -> None:
         if server is not None:
             server.should_exit = True
 
+    def start_draining() -> None:
+        state.is_shutting_down = True
+
     app = create_app(settings, on_fatal=fatal)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=30
-        )
-    )
-    # uvicorn drains on SIGTERM, then re-raises the signal with the handler that was installed
-    # before it; make that handler a clean exit so an orderly shutdown ends with status 0.
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-    server.run()
     state: ServerState = app.state.surge
+    # log_config=None: uvicorn's loggers go through the root handler of app/logs.py (text or
+    # JSON, with the request id) instead of uvicorn's own.
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,
+        # NOTE: typed int in uvicorn, but it only reaches asyncio.wait_for, which takes a float.
+        timeout_graceful_shutdown=settings.shutdown_grace_seconds,  # type: ignore[arg-type]
+    )
+    server = DrainingServer(config, on_shutdown_signal=start_draining, delay_seconds=settings.shutdown_delay_seconds)
+    server.run()
     if state.load_error is not None:
         raise SystemExit(1)
-
-
-def _exit_cleanly(signum: int, frame: object) -> None:
-    raise SystemExit(0)

@@ -65,6 +65,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_body_bytes", int, 8 * 1024 * 1024, "largest accepted request body (413 beyond)"),
     Option("keepalive_seconds", float, 5.0, "SSE keep-alive comment interval while a stream is silent"),
     Option("log_level", str, "info", "log level", choices=("debug", "info", "warning", "error")),
+    Option(
+        "log_format", str, "text", "`json`: one JSON object per log line, with request_id", choices=("text", "json")
+    ),
+    # --- shutdown -----------------------------------------------------------------------------
+    Option(
+        "shutdown_delay_seconds",
+        float,
+        2.0,
+        "after SIGTERM, how long /ready is 503 and new requests get 503 before the listener closes",
+    ),
+    Option("shutdown_grace_seconds", float, 30.0, "after the delay, the longest wait for in-flight requests"),
     # --- traffic layer: shared state -------------------------------------------------------
     Option("redis_url", str, "", "Redis for state shared by replicas (e.g. redis://host:6379/0); empty = in-process"),
     Option("redis_timeout_ms", int, 50, "longest wait on Redis per decision; beyond it, fail open to in-process state"),
@@ -118,6 +129,9 @@ class Settings:
     max_body_bytes: int = 8 * 1024 * 1024
     keepalive_seconds: float = 5.0
     log_level: str = "info"
+    log_format: str = "text"
+    shutdown_delay_seconds: float = 2.0
+    shutdown_grace_seconds: float = 30.0
     redis_url: str = ""
     redis_timeout_ms: int = 50
     rate_limit_rpm: int = 0
@@ -152,6 +166,8 @@ class Settings:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.keepalive_seconds <= 0:
             raise ValueError("keepalive_seconds must be positive")
+        if self.shutdown_delay_seconds < 0 or self.shutdown_grace_seconds < 0:
+            raise ValueError("shutdown_delay_seconds and shutdown_grace_seconds must not be negative")
         if self.redis_timeout_ms <= 0:
             raise ValueError("redis_timeout_ms must be positive")
         if self.rate_limit_rpm < 0 or self.rate_limit_tpm < 0:

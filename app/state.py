@@ -10,6 +10,8 @@ from app.admission import Admission
 from app.dedup import DedupCache
 from app.errors import OpenAIError, service_unavailable
 from app.settings import Settings
+from middleware.idempotency import IdempotencyCounts
+from middleware.rate_limit import RateLimitCounts
 from middleware.redis_backend import RedisBackend
 from middleware.token_bucket import TokenBuckets
 from models.async_engine import AsyncEngine
@@ -27,6 +29,11 @@ class ServerState:
     admission: Admission | None = None  # set with the engine
     # Off (ttl 0) until create_app sets the configured one, so routes never branch on it.
     dedup: DedupCache = field(default_factory=lambda: DedupCache(ttl=0))
+    # Counted by the middleware, read by app/metrics.py.
+    rate_limit_counts: RateLimitCounts = field(default_factory=RateLimitCounts)
+    idempotency_counts: IdempotencyCounts = field(default_factory=IdempotencyCounts)
+    # Requests past admission that are not yet submitted to the engine (app/pipeline.py).
+    num_held: int = 0
     load_error: BaseException | None = None
     is_shutting_down: bool = False
 

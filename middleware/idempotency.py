@@ -65,13 +65,29 @@ _UNSTORED_HEADERS = frozenset({b"connection", b"keep-alive", b"transfer-encoding
 _ERROR_EVENT = re.compile(rb'(?:^|\n)data: *\{\s*"error"')
 
 
+@dataclass(slots=True)
+class IdempotencyCounts:
+    """Outcomes so far, read by the app's metrics (this layer exports nothing)."""
+
+    num_replays: int = 0  # stored responses sent again
+    num_conflicts: int = 0  # 409 (still running) and 422 (key reused with another body)
+
+
 class IdempotencyMiddleware:
-    def __init__(self, app: ASGIApp, *, store: IdempotencyStore, paths: Collection[str] = DEFAULT_PATHS) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        store: IdempotencyStore,
+        paths: Collection[str] = DEFAULT_PATHS,
+        counts: IdempotencyCounts | None = None,
+    ) -> None:
         if store.lease_seconds <= 0:
             raise ValueError("the store's lease must be positive")
         self.app = app
         self.store = store
         self._paths = frozenset(paths)
+        self.counts = counts if counts is not None else IdempotencyCounts()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self._paths:
@@ -101,10 +117,13 @@ class IdempotencyMiddleware:
         if claim.state is ClaimState.ACQUIRED:
             await self._run_once(scope, body, receive, send, scoped_key, fingerprint, owner)
         elif claim.state is ClaimState.COMPLETED and claim.response is not None:
+            self.counts.num_replays += 1
             await _replay(send, claim.response)
         elif claim.state is ClaimState.RUNNING:
+            self.counts.num_conflicts += 1
             await _in_use(send)
         else:
+            self.counts.num_conflicts += 1
             await _reused(send)
 
     async def _run_once(

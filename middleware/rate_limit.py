@@ -66,6 +66,14 @@ def per_key_limits(keys: KeysFile, default: Limits) -> dict[str, Limits]:
     }
 
 
+@dataclass(slots=True)
+class RateLimitCounts:
+    """429s given so far, by bucket; the app's metrics read them (this layer exports nothing)."""
+
+    num_limited_requests: int = 0
+    num_limited_tokens: int = 0
+
+
 class RateLimitExceeded(Exception):
     """Over a limit; rendered as OpenAI's 429 (`type` requests or tokens, `rate_limit_exceeded`)."""
 
@@ -135,8 +143,16 @@ class TokenReservation:
 class RequestLimits:
     """One request's view of its caller's two buckets; the app reaches it through scope state."""
 
-    def __init__(self, buckets: TokenBuckets, identity: str, limits: Limits, tasks: set[asyncio.Task[None]]) -> None:
+    def __init__(
+        self,
+        buckets: TokenBuckets,
+        identity: str,
+        limits: Limits,
+        tasks: set[asyncio.Task[None]],
+        counts: RateLimitCounts | None = None,
+    ) -> None:
         self._buckets = buckets
+        self._counts = counts if counts is not None else RateLimitCounts()
         self._identity = identity
         self.limits = limits
         self._tasks = tasks  # owned by the middleware, so refunds outlive the request
@@ -153,6 +169,7 @@ class RequestLimits:
             return TokenReservation(cost)
         self.tokens = await self._take_tokens(cost)
         if not self.tokens.is_allowed:
+            self._counts.num_limited_tokens += 1
             raise RateLimitExceeded("tokens", self.tokens, cost)
         return TokenReservation(cost, self)
 
@@ -204,6 +221,7 @@ class RateLimitMiddleware:
         limits: Limits,
         key_limits: Mapping[str, Limits] | None = None,
         paths: Collection[str] = RATE_LIMITED_PATHS,
+        counts: RateLimitCounts | None = None,
     ) -> None:
         for value in (limits, *(key_limits or {}).values()):
             if not isinstance(value, Limits):
@@ -214,6 +232,7 @@ class RateLimitMiddleware:
         self._key_limits = dict(key_limits or {})
         self._paths = frozenset(paths)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.counts = counts if counts is not None else RateLimitCounts()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self._paths:
@@ -226,8 +245,9 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
 
-        limiter = RequestLimits(self._buckets, _identity(api_key, scope), limits, self._tasks)
+        limiter = RequestLimits(self._buckets, _identity(api_key, scope), limits, self._tasks, self.counts)
         if limits.rpm and not (decision := await limiter.take_request()).is_allowed:
+            self.counts.num_limited_requests += 1
             exceeded = RateLimitExceeded("requests", decision, 1)
             await send_error(send, 429, exceeded.body(), [*exceeded.headers.items(), *await limiter.headers()])
             return

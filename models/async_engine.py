@@ -23,6 +23,7 @@ from models.config import EngineConfig
 from models.engine import EngineCore
 from models.load_stats import LoadSnapshot
 from models.loader import LoadedModel, load_model
+from models.observer import EngineObserver
 from models.outputs import EngineDeadError, RequestOutput
 from models.sampling_params import SamplingParams
 from models.tokenizer import Tokenizer
@@ -136,21 +137,27 @@ class RequestGroup:
 
 
 class AsyncEngine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig,
+        loop: asyncio.AbstractEventLoop,
+        observer: EngineObserver | None = None,
+    ) -> None:
         self._loop = loop
         self._groups: dict[str, RequestGroup] = {}
-        self.core = EngineCore(loaded, config.scheduler, self._publish_threadsafe)
+        self.core = EngineCore(loaded, config.scheduler, self._publish_threadsafe, observer=observer)
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.config = config
         self._ids = itertools.count()
 
     @classmethod
-    async def start(cls, config: EngineConfig) -> AsyncEngine:
+    async def start(cls, config: EngineConfig, observer: EngineObserver | None = None) -> AsyncEngine:
         """Load the model off the event loop, start the engine thread and wait for warmup."""
         loop = asyncio.get_running_loop()
         loaded = await asyncio.to_thread(load_model, config.model)
         config = resolve_max_model_len(config, loaded)
-        engine = cls(loaded, config, loop)
+        engine = cls(loaded, config, loop, observer)
         engine.core.start()
         while not engine.core.is_warm:
             if engine.core.dead is not None:

@@ -23,6 +23,7 @@ from models.detokenizer import IncrementalDetokenizer
 from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
 from models.model_runner import ModelRunner
+from models.observer import EngineObserver
 from models.outputs import EngineDeadError, RequestOutput
 from models.sampler import Sampler, SamplingRow, TokenLogprob, make_generator
 from models.sampling_params import SamplingParams
@@ -39,6 +40,7 @@ class _Request:
     seq: Sequence
     detokenizer: IncrementalDetokenizer
     row: SamplingRow
+    last_token_time: float = 0.0  # engine clock, for the inter-token gaps
 
 
 class _Stop:
@@ -52,9 +54,11 @@ class EngineCore:
         config: SchedulerConfig,
         publish: Publish,
         clock: Callable[[], float] = time.monotonic,
+        observer: EngineObserver | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
+        self.observer = observer  # metrics; None costs nothing
         self.load_stats = LoadStats(clock=clock)
         # Waiting requests in arrival order, for the queue deadline (the scheduler's queue is
         # in priority order). Entries of requests already running or gone are skipped lazily.
@@ -154,6 +158,9 @@ class EngineCore:
             return
         self._publish(self._postprocess(out, token_ids, logprobs))
         self.num_steps += 1
+        if self.observer is not None:
+            num_prompt_tokens = sum(chunk.num_tokens for chunk in out.prefills)
+            self.observer.on_step(len(out.decodes) + len(out.prefills), num_prompt_tokens, len(token_ids))
 
     def _execute(self, out: SchedulerOutput) -> tuple[list[int], list[TokenLogprob | None]]:
         self.runner.apply_moves(out.moves)
@@ -178,11 +185,19 @@ class EngineCore:
     ) -> list[RequestOutput]:
         sampled = [chunk.seq for chunk in out.prefills if chunk.completes_prompt] + out.decodes
         outputs = []
+        observer = self.observer
+        now = self.clock()
+        gaps: list[float] = []
         for seq, token_id, logprob in zip(sampled, token_ids, logprobs, strict=True):
             request = self._requests[seq.request_id]
             reason = self.scheduler.append_token(seq, token_id)
             if seq.num_output_tokens == 1:
-                self.load_stats.record_ttft(self.clock() - seq.arrival_time)
+                self.load_stats.record_ttft(now - seq.arrival_time)
+                if observer is not None:
+                    observer.on_first_token(now - seq.arrival_time)
+            elif observer is not None:
+                gaps.append(now - request.last_token_time)
+            request.last_token_time = now
             text, stopped = request.detokenizer.push(token_id)
             if stopped:
                 reason = FinishReason.STOP
@@ -201,6 +216,8 @@ class EngineCore:
                     reason,
                 )
             )
+        if gaps and observer is not None:
+            observer.on_token_gaps(gaps)
         return outputs
 
     def _expire_waiting(self) -> None:
@@ -229,6 +246,8 @@ class EngineCore:
         for chunk in out.prefills:
             if chunk.start == 0:
                 self.load_stats.record_queue_time(now - chunk.seq.arrival_time)
+                if self.observer is not None:
+                    self.observer.on_admitted(now - chunk.seq.arrival_time)
         running = self.scheduler.running
         self.kv_usage = sum(seq.num_tokens for seq in running) / (self.config.max_num_seqs * self.config.max_model_len)
 
@@ -259,11 +278,21 @@ class EngineCore:
         if seq is not None:
             self._requests.pop(request_id, None)
             self.num_aborted += 1
+            self._settle_kv_usage()
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.scheduler.finish(seq, reason)
         self._requests.pop(seq.request_id, None)
         self.load_stats.record_finish(is_error=reason is FinishReason.ERROR)
+        self._settle_kv_usage()
+        if self.observer is not None:
+            self.observer.on_finish(reason, self.clock() - seq.arrival_time)
+
+    def _settle_kv_usage(self) -> None:
+        # kv_usage is measured when a step is planned; with the batch empty no step follows to
+        # bring it down, so zero it here (metrics and the load score read it while idle).
+        if not self.scheduler.num_running:
+            self.kv_usage = 0.0
 
     def _fail(self, seqs: list[Sequence], message: str) -> None:
         outputs = []
@@ -294,6 +323,8 @@ class EngineCore:
         """Run the shapes serving will use (a batched prefill, full-width decode) before /ready."""
         num_seqs = self.config.max_num_seqs
         prompt_len = max(1, min(16, self.config.max_model_len - 3))
+        log.info("warming up: %d sequences, prompt %d tokens", num_seqs, prompt_len)
+        observer, self.observer = self.observer, None  # warmup requests are not load
         for i in range(num_seqs):
             params = SamplingParams(max_tokens=2, temperature=0.0 if i % 2 else 1.0, ignore_eos=True)
             seq = Sequence(f"warmup-{i}", [0] * prompt_len, params)
@@ -306,4 +337,5 @@ class EngineCore:
             self._postprocess(out, token_ids, logprobs)
         self.runner.apply_moves(self.scheduler.schedule().moves)
         self.load_stats = LoadStats(clock=self.clock)  # warmup requests are not load
+        self.observer = observer
         log.info("warmup done: %d sequences, prompt %d tokens", num_seqs, prompt_len)

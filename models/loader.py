@@ -61,9 +61,14 @@ def load_model(config: ModelConfig) -> LoadedModel:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     started = time.perf_counter()
+    log.info("resolving model %s", config.model)
     path = resolve_model_path(config.model)
-    log.info("loading model %s on %s as %s", path, device, dtype)
+    log.info("loading tokenizer from %s", path)
     hf_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+    size = _weights_size(path)
+    log.info(
+        "loading weights from %s (%s) on %s as %s", path, _format_bytes(size) if size else "size unknown", device, dtype
+    )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=config.trust_remote_code)
     model = model.to(device)  # type: ignore[arg-type]
     model.eval()
@@ -88,3 +93,23 @@ def _eos_ids(model: PreTrainedModel) -> list[int]:
         elif isinstance(value, list | tuple):
             ids.extend(int(v) for v in value)
     return ids
+
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def _weights_size(path: str) -> int:
+    """Bytes of weight files in a local model directory; 0 for a hub id (not downloaded yet)."""
+    directory = Path(path)
+    if not directory.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in directory.iterdir() if f.is_file() and f.name.endswith(_WEIGHT_SUFFIXES))
+
+
+def _format_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"  # pragma: no cover - the loop always returns

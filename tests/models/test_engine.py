@@ -265,3 +265,48 @@ async def test_load_snapshot_reports_queue_and_latency(make_engine: EngineFactor
     assert after.queue_time_p90 >= 0.1  # the three waited behind the blocker for at least 0.1 s
     assert after.ttft_p90 >= after.queue_time_p90
     assert after.error_rate == 0.0
+
+
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.num_seqs: list[int] = []
+        self.num_prompt_tokens = 0
+        self.num_generated_tokens = 0
+        self.queue_times: list[float] = []
+        self.ttfts: list[float] = []
+        self.gaps: list[float] = []
+        self.finishes: list[FinishReason] = []
+
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
+        self.num_seqs.append(num_seqs)
+        self.num_prompt_tokens += num_prompt_tokens
+        self.num_generated_tokens += num_generated_tokens
+
+    def on_admitted(self, queue_time: float) -> None:
+        self.queue_times.append(queue_time)
+
+    def on_first_token(self, ttft: float) -> None:
+        self.ttfts.append(ttft)
+
+    def on_token_gaps(self, gaps: list[float]) -> None:
+        self.gaps += gaps
+
+    def on_finish(self, reason: FinishReason, e2e: float) -> None:
+        self.finishes.append(reason)
+
+
+async def test_observer_sees_steps_tokens_and_finishes_but_not_warmup(tiny_model_dir: Path) -> None:
+    observer = RecordingObserver()
+    config = EngineConfig(ModelConfig(str(tiny_model_dir), device="cpu"), SchedulerConfig(max_model_len=512))
+    engine = await AsyncEngine.start(config, observer=observer)
+    try:
+        assert not observer.num_seqs  # warmup is not load
+        await run(engine.submit([(prompt(10, 80), greedy(5)), (prompt(12, 81), greedy(3))]))
+        assert engine.core.kv_usage == 0.0  # back to idle, although no step follows the last finish
+    finally:
+        engine.stop()
+    assert (observer.num_prompt_tokens, observer.num_generated_tokens) == (22, 8)
+    assert len(observer.queue_times) == len(observer.ttfts) == 2
+    assert len(observer.gaps) == 4 + 2 and all(gap > 0 for gap in observer.gaps)
+    assert observer.finishes == [FinishReason.LENGTH, FinishReason.LENGTH]
+    assert max(observer.num_seqs) == 2

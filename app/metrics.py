@@ -1,0 +1,245 @@
+"""Prometheus metrics: `GET /metrics`, HTTP metrics, and the engine's and traffic layers' figures.
+
+Three sources, one per-app `CollectorRegistry` (several apps in one process never collide):
+- HTTP requests and latency by handler and status: prometheus-fastapi-instrumentator's pure
+  ASGI middleware (it looks at `http.response.start` only; bodies, streams included, pass
+  through untouched, one extra `await` per message);
+- events of the engine thread (latencies, tokens, batch sizes, finishes): `EngineMetrics`, the
+  engine's `EngineObserver`; histogram and counter updates are thread-safe and take no
+  allocation beyond the engine's own list of gaps per step;
+- everything that is a level or a counter owned by someone else (queue depth, KV usage,
+  degradation level, aborts, 429s, idempotency, dedup, shedding, Redis, GPU): read when
+  Prometheus scrapes, by `ServerCollector`, so `middleware/` and `models/` import no Prometheus.
+
+Every surge metric has the served model's name as its `model` label. Names are a contract
+(the HPA, the adapter rules and the dashboard use them): change them only with k8s/.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Iterator
+
+import torch
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
+from starlette.responses import Response
+
+from app.state import ServerState
+from models.sequence import FinishReason
+
+log = logging.getLogger("surge.metrics")
+
+# From a small model's CPU decode step (a few ms) to a long generation on a busy GPU (a minute).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
+# One token apart: a GPU decode step is ~5-50 ms, a CPU one ~1-100 ms.
+TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Engine workers per process: one engine thread. Per-worker queue depth is the HPA's metric.
+NUM_WORKERS = 1
+
+
+class EngineMetrics:
+    """The engine's observer: histograms and counters updated from the engine thread."""
+
+    def __init__(self, registry: CollectorRegistry, model: str) -> None:
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, ["model"], registry=registry, buckets=buckets).labels(model)
+
+        self.ttft = histogram(
+            "surge_time_to_first_token_seconds", "Seconds from reaching the engine to the first token.", LATENCY_BUCKETS
+        )
+        self.token_gap = histogram(
+            "surge_inter_token_latency_seconds", "Seconds between consecutive tokens of a sequence.", TOKEN_GAP_BUCKETS
+        )
+        self.e2e = histogram(
+            "surge_e2e_request_latency_seconds",
+            "Seconds from reaching the engine to the last token (or error), per sequence.",
+            LATENCY_BUCKETS,
+        )
+        self.queue_time = histogram(
+            "surge_queue_time_seconds", "Seconds a sequence waited in the engine's queue.", LATENCY_BUCKETS
+        )
+        self.batch_size = histogram(
+            "surge_batch_size", "Sequences in one engine step (decodes and prefill chunks).", BATCH_BUCKETS
+        )
+        self.prompt_tokens = Counter(
+            "surge_prompt_tokens", "Prompt tokens prefilled.", ["model"], registry=registry
+        ).labels(model)
+        self.generation_tokens = Counter(
+            "surge_generation_tokens", "Tokens generated.", ["model"], registry=registry
+        ).labels(model)
+        finished = Counter(
+            "surge_requests_finished",
+            "Sequences ended, by finish reason (stop, length, error, rejected: dropped after "
+            "waiting too long); aborted ones are in surge_requests_aborted_total.",
+            ["model", "finish_reason"],
+            registry=registry,
+        )
+        # Every reason exists from the start (at 0), so rate() works from the first scrape.
+        self.finished: dict[FinishReason, Counter] = {
+            reason: finished.labels(model, reason.value) for reason in FinishReason if reason is not FinishReason.ABORT
+        }
+
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
+        self.batch_size.observe(num_seqs)
+        if num_prompt_tokens:
+            self.prompt_tokens.inc(num_prompt_tokens)
+        if num_generated_tokens:
+            self.generation_tokens.inc(num_generated_tokens)
+
+    def on_admitted(self, queue_time: float) -> None:
+        self.queue_time.observe(queue_time)
+
+    def on_first_token(self, ttft: float) -> None:
+        self.ttft.observe(ttft)
+
+    def on_token_gaps(self, gaps: list[float]) -> None:
+        observe = self.token_gap.observe
+        for gap in gaps:
+            observe(gap)
+
+    def on_finish(self, reason: FinishReason, e2e: float) -> None:
+        self.e2e.observe(e2e)
+        counter = self.finished.get(reason)
+        if counter is not None:
+            counter.inc()
+
+
+class ServerCollector(Collector):
+    """Levels and other layers' counters, read at scrape time."""
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self._model = state.settings.model_name
+        self._has_nvml = importlib.util.find_spec("pynvml") is not None
+
+    def collect(self) -> Iterator[Metric]:
+        state, model = self._state, self._model
+        engine = state.engine
+        core = engine.core if engine is not None else None
+        num_waiting = state.num_held + (core.num_waiting if core is not None else 0)
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=["model"])
+            family.add_metric([model], value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=["model"])
+            family.add_metric([model], value)
+            return family
+
+        yield gauge(
+            "surge_requests_waiting",
+            "Requests not yet running: the engine's queue plus those held in the HTTP layer "
+            "between admission and submission.",
+            num_waiting,
+        )
+        yield gauge(
+            "surge_requests_running", "Sequences in the running batch.", core.num_running if core is not None else 0
+        )
+        yield gauge(
+            "surge_requests_in_queue_per_worker",
+            "surge_requests_waiting per engine worker (one per process): the autoscaling metric.",
+            num_waiting / NUM_WORKERS,
+        )
+        yield gauge(
+            "surge_kv_cache_usage_ratio",
+            "Tokens held by running sequences over the KV cache's capacity (max_num_seqs x max_model_len).",
+            core.kv_usage if core is not None else 0.0,
+        )
+        admission = state.admission
+        yield gauge(
+            "surge_degradation_level",
+            "Current degradation level, 0 (normal) to 4 (shedding).",
+            admission.degrader.level() if admission is not None else 0,
+        )
+        yield counter(
+            "surge_requests_aborted",
+            "Sequences aborted because their client went away.",
+            core.num_aborted if core is not None else 0,
+        )
+        limited = CounterMetricFamily(
+            "surge_rate_limited_requests", "Requests refused with 429, by bucket.", labels=["model", "bucket"]
+        )
+        limited.add_metric([model, "requests"], state.rate_limit_counts.num_limited_requests)
+        limited.add_metric([model, "tokens"], state.rate_limit_counts.num_limited_tokens)
+        yield limited
+        idempotency = state.idempotency_counts
+        yield counter(
+            "surge_idempotent_replays", "Stored responses replayed for an Idempotency-Key.", idempotency.num_replays
+        )
+        yield counter(
+            "surge_idempotency_conflicts",
+            "Idempotency-Key conflicts: 409 (still running) and 422 (reused with another body).",
+            idempotency.num_conflicts,
+        )
+        yield counter("surge_dedup_hits", "Requests that joined or replayed a shared generation.", state.dedup.num_hits)
+        yield counter("surge_dedup_misses", "Dedup-eligible requests that ran the engine.", state.dedup.num_misses)
+        shed = CounterMetricFamily(
+            "surge_shed_requests",
+            "Requests refused with 503 at admission: queue_full (queue bounds) or load (degradation).",
+            labels=["model", "reason"],
+        )
+        shed.add_metric([model, "queue_full"], admission.num_queue_full if admission is not None else 0)
+        shed.add_metric([model, "load"], admission.num_shed if admission is not None else 0)
+        yield shed
+        yield counter(
+            "surge_redis_fallbacks",
+            "Times Redis became unreachable and shared state fell back to this process.",
+            state.redis.num_fallbacks if state.redis is not None else 0,
+        )
+        yield from self._gpu()
+
+    def _gpu(self) -> Iterator[Metric]:
+        # Only once this process uses CUDA: a scrape must not create a context on an idle GPU.
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return
+        memory = GaugeMetricFamily(
+            "surge_gpu_memory_used_bytes",
+            "GPU memory in use on the device (all processes).",
+            labels=["model", "device"],
+        )
+        utilization = GaugeMetricFamily(
+            "surge_gpu_utilization_ratio",
+            "GPU busy time over the last sample period (NVML).",
+            labels=["model", "device"],
+        )
+        for index in range(torch.cuda.device_count()):
+            device = f"cuda:{index}"
+            try:
+                free, total = torch.cuda.mem_get_info(index)
+                memory.add_metric([self._model, device], total - free)
+                if self._has_nvml:
+                    utilization.add_metric([self._model, device], torch.cuda.utilization(index) / 100)
+            except Exception:  # a metric must never fail the scrape
+                log.debug("could not read GPU %s", device, exc_info=True)
+        yield memory
+        if self._has_nvml:
+            yield utilization
+
+
+def install_metrics(app: FastAPI, state: ServerState) -> tuple[EngineMetrics, tuple[type, dict[str, object]]]:
+    """Add `GET /metrics` and the server collector to `app`; return the engine's observer and
+    the HTTP metrics middleware entry for the app's middleware list."""
+    registry = CollectorRegistry()
+    registry.register(ServerCollector(state))
+    engine_metrics = EngineMetrics(registry, state.settings.model_name)
+
+    # NOTE: async on purpose: the collector runs on the event loop, like every other reader of
+    # the degradation level (whose hysteresis a scrape advances), never in a worker thread.
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+    middleware = (
+        PrometheusInstrumentatorMiddleware,
+        # Exact statuses: 429 and 503 are what an operator looks for. Scrapes are not traffic.
+        {"should_group_status_codes": False, "excluded_handlers": ["^/metrics$"], "registry": registry},
+    )
+    return engine_metrics, middleware

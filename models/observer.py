@@ -1,0 +1,30 @@
+"""The engine's observer hook: what the engine thread reports as it works, for metrics.
+
+The engine calls these from its own thread, once per step or once per event, never per
+request in a loop of its own; an implementation must be thread-safe and cheap (a counter or
+histogram update), and must not block. The engine knows nothing of who listens: the app
+wires a Prometheus implementation in; without one the engine skips every call.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from models.sequence import FinishReason
+
+
+class EngineObserver(Protocol):
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
+        """A step ran the model on `num_seqs` sequences: prompt tokens prefilled, tokens sampled."""
+
+    def on_admitted(self, queue_time: float) -> None:
+        """A request left the queue for the batch after `queue_time` seconds."""
+
+    def on_first_token(self, ttft: float) -> None:
+        """A request's first token, `ttft` seconds after it reached the engine."""
+
+    def on_token_gaps(self, gaps: list[float]) -> None:
+        """Seconds between each decoding sequence's previous token and the one of this step."""
+
+    def on_finish(self, reason: FinishReason, e2e: float) -> None:
+        """A request ended (not aborted), `e2e` seconds after it reached the engine."""

@@ -1,0 +1,125 @@
+"""SIGTERM under load, as Kubernetes sends it: refuse new work politely, finish accepted work, exit 0."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.app.surge_process import surge_process
+
+NUM_STREAMS = 6
+# Long enough that the streams outlive the drain window: about 3 s for 6 streams on the `s` model.
+MAX_TOKENS = 1000
+DELAY_S = 1.0
+GRACE_S = 60.0
+
+
+@dataclass
+class Stream:
+    started: threading.Event = field(default_factory=threading.Event)
+    is_done: bool = False
+    status: int = 0
+    saw_done: bool = False
+    completion_tokens: int = 0
+    finish_reasons: list[str] = field(default_factory=list)
+    error: BaseException | None = None
+
+    def run(self, url: str) -> None:
+        body = {
+            "model": "m",
+            "prompt": "once upon a time",
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=GRACE_S) as reply:
+                self.status = reply.status_code
+                for line in reply.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    self.started.set()
+                    if line == "data: [DONE]":
+                        self.saw_done = True
+                        continue
+                    chunk = json.loads(line.removeprefix("data: "))
+                    self.finish_reasons += [c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]]
+                    if chunk.get("usage"):
+                        self.completion_tokens = chunk["usage"]["completion_tokens"]
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.is_done = True
+            self.started.set()
+
+
+def test_sigterm_under_load_refuses_new_requests_and_finishes_every_accepted_stream(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    args = ("--served-model-name", "m", "--max-model-len", "2048", "--max-num-seqs", "8")
+    shutdown = ("--shutdown-delay-seconds", str(DELAY_S), "--shutdown-grace-seconds", str(GRACE_S))
+    with surge_process(tiny_model_dir, tmp_path / "surge.log", *args, *shutdown) as server:
+        streams = [Stream() for _ in range(NUM_STREAMS)]
+        threads = [threading.Thread(target=s.run, args=(server.url,)) for s in streams]
+        for thread in threads:
+            thread.start()
+        for stream in streams:
+            assert stream.started.wait(30)
+        assert not any(s.is_done for s in streams), "streams ended before SIGTERM: make them longer"
+
+        server.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+
+        # The drain window: still accepting connections, but not ready and refusing new work.
+        ready = httpx.get(f"{server.url}/ready")
+        assert ready.status_code == 503
+        assert "Retry-After" in ready.headers
+        body = {"model": "m", "prompt": "new", "max_tokens": 4}
+        refused = httpx.post(f"{server.url}/v1/completions", json=body)
+        assert refused.status_code == 503
+        assert int(refused.headers["Retry-After"]) > 0
+        assert refused.headers["Connection"] == "close"
+        assert refused.json()["error"]["type"] == "server_error"
+        assert time.monotonic() - signalled < DELAY_S
+
+        # After the window the listener is closed, while accepted streams still run.
+        time.sleep(max(0.0, signalled + DELAY_S + 0.5 - time.monotonic()))
+        if not all(s.is_done for s in streams):
+            try:
+                httpx.get(f"{server.url}/health", timeout=2)
+                raise AssertionError("the listener is still open after the drain window")
+            except httpx.ConnectError:
+                pass
+
+        for thread in threads:
+            thread.join(GRACE_S)
+        for stream in streams:
+            assert stream.error is None, repr(stream.error)
+            assert stream.status == 200
+            assert stream.saw_done, "a stream was cut short"
+            assert stream.completion_tokens == MAX_TOKENS
+            assert stream.finish_reasons == ["length"]
+
+        assert server.proc.wait(timeout=GRACE_S) == 0
+        assert time.monotonic() - signalled < DELAY_S + GRACE_S
+        log = server.log()
+        assert "SIGTERM: not ready" in log
+        assert "closing the listener" in log
+
+
+def test_a_second_sigterm_forces_the_exit(tiny_model_dir: Path, tmp_path: Path) -> None:
+    args = ("--served-model-name", "m", "--max-model-len", "2048", "--shutdown-delay-seconds", "30")
+    with surge_process(tiny_model_dir, tmp_path / "surge.log", *args) as server:
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert server.proc.poll() is None  # draining: the delay is 30 s
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=10) != 0
+        assert "second SIGTERM" in server.log()

@@ -1,0 +1,42 @@
+"""Start-up: the port opens at once, /health answers, /ready and the API are 503 until warmup is done."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.server import create_app
+from app.settings import Settings
+from models.engine import EngineCore
+from tests.live_server import serve_app
+
+
+def test_ready_is_503_until_warmup_is_done(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    warmup = EngineCore._warmup
+
+    def held_warmup(self: EngineCore) -> None:
+        assert release.wait(30)
+        warmup(self)
+
+    monkeypatch.setattr(EngineCore, "_warmup", held_warmup)
+    app = create_app(Settings(model=str(tiny_model_dir), served_model_name="m", max_num_seqs=2, max_model_len=128))
+    with serve_app(app) as url:
+        assert httpx.get(f"{url}/health").status_code == 200
+        ready = httpx.get(f"{url}/ready")
+        assert ready.status_code == 503
+        assert "Retry-After" in ready.headers
+        body = {"model": "m", "prompt": "hi", "max_tokens": 2}
+        refused = httpx.post(f"{url}/v1/completions", json=body)
+        assert refused.status_code == 503
+        assert "Retry-After" in refused.headers
+        release.set()
+        for _ in range(600):
+            if httpx.get(f"{url}/ready").status_code == 200:
+                break
+            threading.Event().wait(0.05)
+        assert httpx.get(f"{url}/ready").status_code == 200
+        assert httpx.post(f"{url}/v1/completions", json=body).status_code == 200

@@ -1,0 +1,177 @@
+"""The HPA's metric end to end: a real surge, a real Prometheus, the adapter's and KEDA's PromQL.
+
+Prometheus (Debian's binary) scrapes the surge subprocess every second on loopback. The scrape
+job adds the `namespace` and `pod` labels that Prometheus' kubernetes_sd relabelling adds in a
+cluster, so the adapter rule's query runs here exactly as the adapter would send it.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.k8s.conftest import K8S, SERVED_MODEL, free_port, load_yaml, stop, wait_http_ok
+
+NAMESPACE = "surge"
+POD = "surge-0"
+NUM_CLIENTS = 6  # one runs in the single KV slot, the rest queue
+
+
+def metric_names(exposition: str) -> set[str]:
+    names = set()
+    for line in exposition.splitlines():
+        if line and not line.startswith("#"):
+            names.add(re.split(r"[{\s]", line, maxsplit=1)[0])
+    return names
+
+
+def names_in(promql: str) -> set[str]:
+    return set(re.findall(r"(?<![:\w])surge_[a-z_]+(?![:\w])", promql))
+
+
+def adapter_query() -> str:
+    """The adapter rule's metricsQuery as the adapter expands it for the HPA's pod list."""
+    (rule,) = load_yaml(K8S / "prometheus-adapter" / "values.yaml")["rules"]["custom"]
+    series = rule["seriesQuery"].split("{", 1)[0]
+    return (
+        rule["metricsQuery"]
+        .replace("<<.Series>>", series)
+        .replace("<<.LabelMatchers>>", f'namespace="{NAMESPACE}",pod=~"{POD}"')
+        .replace("<<.GroupBy>>", "pod")
+    )
+
+
+def keda_query() -> str:
+    (trigger,) = load_yaml(K8S / "keda" / "scaledobject.yaml")["spec"]["triggers"]
+    return str(trigger["metadata"]["query"])
+
+
+def test_autoscaling_metric_names_exist_in_a_running_server(surge_url: str) -> None:
+    reply = httpx.get(f"{surge_url}/metrics", timeout=10)
+    assert reply.status_code == 200
+    exposed = metric_names(reply.text)
+    hpa = load_yaml(K8S / "base" / "hpa.yaml")["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    used = {hpa} | names_in(adapter_query()) | names_in(keda_query())
+    assert used == {"surge_requests_in_queue_per_worker"}
+    assert used <= exposed, used - exposed
+
+
+def test_dashboard_and_rules_use_only_exposed_metrics(surge_url: str) -> None:
+    exposed = metric_names(httpx.get(f"{surge_url}/metrics", timeout=10).text)
+    dashboard = (K8S / "grafana" / "surge-dashboard.json").read_text()
+    rules = (K8S / "prometheus" / "surge-rules.yaml").read_text()
+    used = names_in(dashboard) | names_in(rules)
+    # Counters and histograms appear in the exposition under their sample names.
+    assert used <= exposed, sorted(used - exposed)
+
+
+@pytest.fixture
+def prometheus(surge_url: str, tmp_path: Path) -> Iterator[str]:
+    binary, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if binary is None or promtool is None:
+        pytest.fail("prometheus/promtool not found: run scripts/ensure-k8s-tools.sh (make k8s-tools)")
+    rules = tmp_path / "surge-rules.yaml"
+    rules.write_text((K8S / "prometheus" / "surge-rules.yaml").read_text())
+    config = tmp_path / "prometheus.yml"
+    target = surge_url.removeprefix("http://")
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(rules)],
+                "scrape_configs": [
+                    {
+                        "job_name": "surge",
+                        "static_configs": [{"targets": [target], "labels": {"namespace": NAMESPACE, "pod": POD}}],
+                    }
+                ],
+            }
+        )
+    )
+    for what, path in (("config", config), ("rules", rules)):
+        check = subprocess.run([promtool, "check", what, str(path)], capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+    port = free_port()
+    log = (tmp_path / "prometheus.log").open("w")
+    proc = subprocess.Popen(
+        [
+            *(binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}"),
+            *(f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_ok(f"{url}/-/ready", proc, timeout=30)
+        yield url
+    finally:
+        stop(proc)
+        log.close()
+
+
+def query(prometheus: str, promql: str) -> float | None:
+    reply = httpx.get(f"{prometheus}/api/v1/query", params={"query": promql}, timeout=5).json()
+    assert reply["status"] == "success", reply
+    result = reply["data"]["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
+def wait_for(prometheus: str, promql: str, predicate: str, timeout: float) -> list[float | None]:
+    seen: list[float | None] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = query(prometheus, promql)
+        seen.append(value)
+        if value is not None and (value > 0 if predicate == "positive" else value == 0):
+            return seen
+        time.sleep(0.25)
+    raise AssertionError(f"{promql} never became {predicate}; saw {seen}")
+
+
+def stream_one(surge_url: str, errors: list[BaseException]) -> None:
+    body = {
+        "model": SERVED_MODEL,
+        "messages": [{"role": "user", "content": "count"}],
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    try:
+        with httpx.stream("POST", f"{surge_url}/v1/chat/completions", json=body, timeout=60) as reply:
+            assert reply.status_code == 200
+            for _ in reply.iter_lines():
+                pass
+    except BaseException as error:
+        errors.append(error)
+
+
+@pytest.mark.timeout(90)
+def test_adapter_and_keda_queries_follow_the_load_up_and_back_down(surge_url: str, prometheus: str) -> None:
+    queries = (adapter_query(), keda_query())
+    for promql in queries:
+        wait_for(prometheus, promql, "zero", timeout=15)  # scraped, and idle
+    errors: list[BaseException] = []
+    clients = [threading.Thread(target=stream_one, args=(surge_url, errors)) for _ in range(NUM_CLIENTS)]
+    for client in clients:
+        client.start()
+    try:
+        for promql in queries:
+            wait_for(prometheus, promql, "positive", timeout=20)
+    finally:
+        for client in clients:
+            client.join(timeout=60)
+    assert not errors, errors
+    assert not any(client.is_alive() for client in clients)
+    for promql in queries:
+        wait_for(prometheus, promql, "zero", timeout=15)

@@ -1,0 +1,154 @@
+"""k8s/ as kustomize builds it: schema-valid, and saying what the README promises.
+
+Schemas: the `kubernetes-validate` package's bundled Kubernetes JSON schemas, offline and strict
+(unknown fields fail). KEDA's ScaledObject is a CRD the package has no schema for, so it is
+checked field by field here instead.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from app.settings import OPTIONS
+from tests.k8s.conftest import K8S, OVERLAYS, find, kustomize, load_yaml
+
+HPA_METRIC = "surge_requests_in_queue_per_worker"
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def built(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, kustomize(request.param)
+
+
+def surge_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    pod = find(docs, "Deployment", "surge")["spec"]["template"]["spec"]
+    return next(c for c in pod["containers"] if c["name"] == "surge")
+
+
+def test_every_built_manifest_validates_against_the_kubernetes_schemas(built: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = built
+    kinds = {d["kind"] for d in docs}
+    assert kinds == {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, kubernetes_validate.utils.latest_version(), strict=True)
+
+
+def test_settings_are_known_surge_variables_and_the_key_comes_from_a_secret(
+    built: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, docs = built
+    known = {option.env for option in OPTIONS}
+    config = find(docs, "ConfigMap", "surge-config")["data"]
+    assert set(config) <= known, set(config) - known
+    assert config["SURGE_HOST"] == "0.0.0.0"
+    assert config["SURGE_REDIS_URL"].startswith("redis://surge-redis:")
+    assert find(docs, "Service", "surge-redis")["spec"]["ports"][0]["port"] == 6379
+    container = surge_container(docs)
+    assert container["envFrom"] == [{"configMapRef": {"name": "surge-config"}}]
+    key = next(e for e in container["env"] if e["name"] == "SURGE_API_KEY")
+    assert key["valueFrom"]["secretKeyRef"]["name"] == "surge-api-keys"
+
+
+def test_pods_probe_drain_and_run_unprivileged(built: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = built
+    deployment = find(docs, "Deployment", "surge")
+    pod = deployment["spec"]["template"]["spec"]
+    container = surge_container(docs)
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600, "model loading needs minutes"
+    pause = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert pod["terminationGracePeriodSeconds"] >= pause + 120, "grace must cover the pause and a long stream"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "memory" in container["resources"]["limits"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    pdb = find(docs, "PodDisruptionBudget", "surge")["spec"]
+    assert pdb["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_hpa_scales_on_queue_per_worker_fast_up_slow_down(built: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = built
+    spec = find(docs, "HorizontalPodAutoscaler", "surge")["spec"]
+    (metric,) = spec["metrics"]
+    assert metric["type"] == "Pods"
+    assert metric["pods"]["metric"]["name"] == HPA_METRIC
+    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "5"}
+    behavior = spec["behavior"]
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300
+
+
+def test_overlays_differ_only_where_the_hardware_does(built: tuple[str, list[dict[str, Any]]]) -> None:
+    overlay, docs = built
+    pod = find(docs, "Deployment", "surge")["spec"]["template"]["spec"]
+    container = surge_container(docs)
+    device = find(docs, "ConfigMap", "surge-config")["data"]["SURGE_DEVICE"]
+    if overlay == "gpu":
+        assert device == "cuda"
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert "cuda" in container["image"].split(":")[-1]
+        assert pod["nodeSelector"]
+        assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    else:
+        assert device == "cpu"
+        assert "nvidia.com/gpu" not in container["resources"]["limits"]
+        assert "nodeSelector" not in pod
+
+
+def test_adapter_rule_and_keda_trigger_serve_the_hpa_metric() -> None:
+    (rule,) = load_yaml(K8S / "prometheus-adapter" / "values.yaml")["rules"]["custom"]
+    assert rule["name"]["as"] == HPA_METRIC
+    assert rule["seriesQuery"].startswith(HPA_METRIC + "{")
+    assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+    scaled = load_yaml(K8S / "keda" / "scaledobject.yaml")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1" and scaled["kind"] == "ScaledObject"
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"]["name"] == "surge"
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert HPA_METRIC in trigger["metadata"]["query"]
+    assert trigger["metadata"]["threshold"] == "5"
+    hpa = load_yaml(K8S / "base" / "hpa.yaml")["spec"]
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == hpa["behavior"]
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (hpa["minReplicas"], hpa["maxReplicas"])
+
+
+def test_prometheus_rules_pass_promtool() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found: run scripts/ensure-k8s-tools.sh (make k8s-tools)")
+    proc = subprocess.run(
+        [promtool, "check", "rules", str(K8S / "prometheus" / "surge-rules.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dashboard_panels_cover_the_main_metrics() -> None:
+    dashboard = json.loads((K8S / "grafana" / "surge-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for panel in dashboard["panels"] for t in panel["targets"])
+    for name in (
+        "surge_generation_tokens_total",
+        "surge_time_to_first_token_seconds_bucket",
+        "surge_e2e_request_latency_seconds_bucket",
+        "surge_requests_waiting",
+        "surge_requests_running",
+        HPA_METRIC,
+        "surge_degradation_level",
+        "surge_kv_cache_usage_ratio",
+    ):
+        assert name in exprs, name
+    assert exprs.count("histogram_quantile(") >= 9
+    assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])

@@ -409,19 +409,21 @@ async def test_owner_renews_its_lease_while_it_generates(
     real_decode = runner.decode
 
     def slow_decode(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(0.003)  # in the engine thread: makes the generation outlast several leases
+        time.sleep(0.008)  # in the engine thread: makes the generation outlast several leases
         return real_decode(*args, **kwargs)
 
     monkeypatch.setattr(runner, "decode", slow_decode)
-    replica_a = DedupCache(ttl=300, redis=backends(), lease=0.3, poll_interval=0.02)
-    replica_b = DedupCache(ttl=300, redis=backends(), lease=0.3, poll_interval=0.02)
+    # A 1 s lease renewed every third of it: short enough to need renewals, long enough that a
+    # busy CI machine still renews in time.
+    replica_a = DedupCache(ttl=300, redis=backends(), lease=1.0, poll_interval=0.02)
+    replica_b = DedupCache(ttl=300, redis=backends(), lease=1.0, poll_interval=0.02)
     p, params = prompt(21), greedy(300)
     start_a, start_b = Starter(engine, p, params), Starter(engine_b, p, params)
     on_a = await replica_a.run(key_of(p, params), start_a)
     on_b = await replica_b.run(key_of(p, params), start_b)
     began = time.monotonic()
     a, b = await asyncio.gather(drain(on_a), drain(on_b))
-    assert time.monotonic() - began > 0.6, "the generation must outlast two leases to test renewal"
+    assert time.monotonic() - began > 2.0, "the generation must outlast two leases to test renewal"
     assert (start_a.num_calls, start_b.num_calls) == (1, 0) and deltas(a) == deltas(b)
     await wait_idle(engine, replica_a, replica_b)
 

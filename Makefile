@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test install install-dev lint typecheck unit bench redis k8s-tools clean
+.PHONY: run test install install-dev install-bench lint typecheck unit bench bench-overhead redis k8s-tools clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed pyproject.toml
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
+install-bench: $(VENV)/.installed-bench
 
 run: install
 	$(VENV)/bin/surge serve --host $(HOST) --port $(PORT)
@@ -48,8 +49,20 @@ unit: install-dev redis k8s-tools
 
 test: lint typecheck unit
 
-bench: install-dev
-	$(PY) scripts/bench.py
+# The bench extra names torch only through transformers[serving] (torch>=2.6): pinning it in the same
+# command keeps pip from swapping the CPU build for a multi-GB CUDA one.
+$(VENV)/.installed-bench: $(VENV)/.installed-dev pyproject.toml
+	$(PIP) install -q -e ".[bench]" "$(TORCH_SPEC)"
+	touch $@
+
+BENCH_ARGS ?= --model-size m --concurrency 1,8,32,64
+
+bench: $(VENV)/.installed-bench
+	$(PY) scripts/bench.py $(BENCH_ARGS)
+
+# Serving overhead alone: surge on `--model echo` against a bare Starlette SSE endpoint.
+bench-overhead: install-dev
+	$(PY) scripts/overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -39,7 +39,13 @@ class Option:
 
 # The single list of serve options: the CLI, the environment and the README table come from it.
 OPTIONS: tuple[Option, ...] = (
-    Option("model", str, "tiny", "`tiny` (embedded, built offline), a Hugging Face model directory, or a hub id"),
+    Option(
+        "model",
+        str,
+        "tiny",
+        "`tiny` (embedded, built offline), `echo` (no model: measures serving overhead), a Hugging Face model"
+        " directory, or a hub id",
+    ),
     Option("host", str, "127.0.0.1", "address to listen on"),
     Option("port", int, 8000, "port to listen on"),
     Option("device", str, "auto", "`auto` picks CUDA when torch sees a GPU", choices=("auto", "cpu", "cuda")),

@@ -20,9 +20,10 @@ import torch
 
 from models.config import SchedulerConfig
 from models.detokenizer import IncrementalDetokenizer
+from models.echo import EchoRunner, echo_token_ids
 from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
-from models.model_runner import ModelRunner
+from models.model_runner import ModelRunner, Runner
 from models.observer import EngineObserver
 from models.outputs import EngineDeadError, RequestOutput
 from models.sampler import Sampler, SamplingRow, TokenLogprob, make_generator
@@ -65,9 +66,12 @@ class EngineCore:
         self._arrivals: deque[Sequence] = deque()
         self.kv_usage = 0.0
         self.tokenizer = loaded.tokenizer
-        self.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len)
-        vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
-        self.sampler = Sampler(vocab_size, self.runner.device)
+        self.runner: Runner
+        if loaded.model is None:  # the echo model: no forward pass at all
+            self.runner = EchoRunner(echo_token_ids(loaded.tokenizer), loaded.vocab_size, config.max_num_seqs)
+        else:
+            self.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len)
+        self.sampler = Sampler(loaded.vocab_size, self.runner.device)
         self.scheduler = Scheduler(config, loaded.tokenizer.eos_token_ids)
         self._publish = publish
         self._inbox: queue.SimpleQueue[_Request | str | _Stop] = queue.SimpleQueue()

@@ -1,7 +1,8 @@
 """Loads a causal LM and its tokenizer: the embedded tiny model, a local directory or a hub id.
 
 Everything goes through `AutoModelForCausalLM` / `AutoTokenizer`, so the embedded model takes
-the same path as any real one.
+the same path as any real one. The one exception is `echo` (models/echo.py): the tiny
+tokenizer and no weights at all, for measuring the server without a model.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from models.config import ModelConfig
+from models.echo import ECHO_MODEL
 from models.tokenizer import Tokenizer
 
 log = logging.getLogger("surge.loader")
@@ -24,10 +26,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
-    model: PreTrainedModel
+    model: PreTrainedModel | None  # None: the echo model, which has no weights
     tokenizer: Tokenizer
     path: str  # the directory or hub id it came from
     max_position_embeddings: int | None
+    vocab_size: int  # the width of the logits (may be padded past the tokenizer's)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -58,6 +61,8 @@ def resolve_model_path(model: str) -> str:
 def load_model(config: ModelConfig) -> LoadedModel:
     if config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
+    if config.model == ECHO_MODEL:
+        return load_echo()
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     started = time.perf_counter()
@@ -75,13 +80,25 @@ def load_model(config: ModelConfig) -> LoadedModel:
     text_config = model.config.get_text_config()
     max_pos = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None)
     eos = _eos_ids(model)
+    vocab_size = model.get_output_embeddings().weight.shape[0]
     log.info(
         "loaded %s (%.1fM parameters) in %.1f s",
         Path(path).name or path,
         sum(p.numel() for p in model.parameters()) / 1e6,
         time.perf_counter() - started,
     )
-    return LoadedModel(model, Tokenizer(hf_tokenizer, eos), path, int(max_pos) if max_pos else None)
+    return LoadedModel(model, Tokenizer(hf_tokenizer, eos), path, int(max_pos) if max_pos else None, vocab_size)
+
+
+def load_echo() -> LoadedModel:
+    """The echo model: the embedded tiny tokenizer, trained in-process, and no weights."""
+    from models import tiny
+
+    started = time.perf_counter()
+    hf_tokenizer = tiny.build_tokenizer()
+    eos = [tiny.IM_END_ID, tiny.ENDOFTEXT_ID]
+    log.info("loaded the echo model (no weights) in %.1f s", time.perf_counter() - started)
+    return LoadedModel(None, Tokenizer(hf_tokenizer, eos), ECHO_MODEL, tiny.MAX_POSITION_EMBEDDINGS, tiny.VOCAB_SIZE)
 
 
 def _eos_ids(model: PreTrainedModel) -> list[int]:

@@ -11,6 +11,7 @@ HTTP. Two forward passes per step at most:
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
@@ -18,6 +19,18 @@ from transformers import PreTrainedModel
 from models.kv_cache import SlotCache, StepPlan
 from models.scheduler import PrefillChunk, SlotMove
 from models.sequence import Sequence
+
+
+class Runner(Protocol):
+    """What the engine asks of a runner: this module's `ModelRunner`, or `models.echo.EchoRunner`."""
+
+    device: torch.device
+
+    def apply_moves(self, moves: Seq[SlotMove]) -> None: ...
+
+    def prefill(self, chunks: Seq[PrefillChunk]) -> torch.Tensor: ...
+
+    def decode(self, num_slots: int, seqs: Seq[Sequence]) -> torch.Tensor: ...
 
 
 class ModelRunner:

@@ -3,14 +3,26 @@
     .venv/bin/python scripts/bench.py --model-size m --concurrency 32
     .venv/bin/python scripts/bench.py --smoke --out /tmp/bench.md   # seconds long, for CI
     .venv/bin/python scripts/bench.py --stack off,memory,redis        # the traffic stack's cost
+    .venv/bin/python scripts/bench.py --systems surge,naive --rate 4 --duration 20   # plus an open loop
+    make bench                                                        # the bench extra, then the full run
 
-For each concurrency B, one measurement after another so nothing overlaps:
+For each concurrency B (default 1,8,32,64), one measurement after another so nothing overlaps:
 - `ceiling`: the model in a fresh subprocess, batch B, 32 random prompt tokens, one prefill and a
   hand-written greedy decode loop over a `DynamicCache`; tokens/s of the best of 2 runs after a warmup.
-- each system under test (today `surge`): started fresh, warmed up, then B closed-loop workers that
-  each stream `--requests-per-client` chat completions back to back over one `httpx.AsyncClient`.
+- each system under test in `--systems` (default: every one installed; surge alone with `--smoke` or
+  `--stack`): `surge`; `transformers` (`transformers serve --continuous-batching`, the `bench` extra);
+  `naive` (scripts/naive_server.py, one `generate()` at a time). Each is started fresh, warmed up,
+  then B closed-loop workers each stream `--requests-per-client` chat completions back to back over
+  one `httpx.AsyncClient`. A system that fails to start is an error row, not the end of the run.
   With `--stack`, one fresh surge per traffic-stack mode (see `STACK_MODES`), rows `surge[MODE]`,
   and a "vs stack off" section: each mode's tokens/s and TTFT p50 over `off`'s at the same B.
+- with `--rate R`, after the closed loops: each system once more under an open loop, Poisson
+  arrivals at R requests/s for `--duration` seconds (rows with load `poisson R/s`).
+Writes `--out` (markdown), the same name with `.json` (rows and every request), and, when matplotlib
+is importable, throughput.png and ttft_p99.png next to it. A progress bar runs on stderr.
+
+tokens/s counts the completion tokens each server reports (its usage), not max_tokens: `transformers
+serve` cannot ignore eos, so a stream that stops early counts what it produced (`completion tok`).
 
 A system under test is anything with `name`, `base_url`, `model_name`, `request_extras`,
 `request_headers()`, `start()`, `stop()`, `peak_rss_mib()` and `stats()`; the load runner knows
@@ -26,11 +38,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
+import importlib.util
 import json
 import os
 import platform
-import random
 import shlex
 import shutil
 import signal
@@ -46,33 +57,40 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CEILING_PROMPT_TOKENS = 32
-# 8 words come to 27-38 (mean 32) prompt tokens with the tiny model's tokenizer and ChatML template.
-DEFAULT_PROMPT_WORDS = 8
-WORD_POOL = (
-    "time year people way day man thing woman life child world school state family student group "
-    "country problem hand part place case week company system program question work government "
-    "number night point home water room mother area money story fact month lot right study book "
-    "eye job word business issue side kind head house service friend father power hour game line"
+# NOTE: the helpers live in scripts/benchkit/; scripts/ is put on the path so that this file works both
+# as `python scripts/bench.py` and when a test loads it by file location.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchkit.load import (  # noqa: E402
+    DEFAULT_PROMPT_WORDS,
+    LoadSpec,
+    RequestResult,
+    SystemUnderTest,
+    arrival_times,
+    percentile,
+    run_load,
+    stream_chat,
+    summarize,
 )
+from benchkit.plots import is_plottable, write_plots  # noqa: E402
+from benchkit.report import COLUMNS, VS_OFF_COLUMNS, add_vs_off, format_cell, markdown_table, render  # noqa: E402
 
+__all__ = [
+    "COLUMNS",
+    "VS_OFF_COLUMNS",
+    "LoadSpec",
+    "RequestResult",
+    "format_cell",
+    "markdown_table",
+    "percentile",
+    "stream_chat",
+]
+
+CEILING_PROMPT_TOKENS = 32
 
 # ---------------------------------------------------------------- systems under test
-
-
-class SystemUnderTest(Protocol):
-    name: str
-    base_url: str  # valid once start() has returned
-    model_name: str  # the `model` field requests must carry
-    request_extras: dict[str, Any]  # extra request-body fields it accepts (e.g. ignore_eos)
-
-    def request_headers(self) -> dict[str, str]: ...  # once per request (e.g. a fresh Idempotency-Key)
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-    def peak_rss_mib(self) -> float | None: ...
-    def stats(self) -> dict[str, Any]: ...  # extra numbers for the JSON row, read after the load
 
 
 class Sidecar(Protocol):
@@ -183,6 +201,7 @@ class ServerProcess:
     request_extras: dict[str, Any] = field(default_factory=dict)
     request_headers: Callable[[], dict[str, str]] = no_headers
     sidecars: list[Sidecar] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     startup_timeout_s: float = 300.0
     base_url: str = ""
     proc: subprocess.Popen[bytes] | None = None
@@ -196,7 +215,12 @@ class ServerProcess:
         with self.log_path.open("wb") as log:
             argv = [arg.format(**fields) for arg in self.argv]
             self.proc = subprocess.Popen(
-                argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                cwd=REPO_ROOT,
+                env={**os.environ, **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
@@ -291,138 +315,92 @@ def surge_server(
     )
 
 
+def transformers_cli() -> Path:
+    return Path(sys.executable).parent / "transformers"
+
+
+def transformers_serve_installed() -> bool:
+    """`transformers serve` needs the `bench` extra (accelerate, rich, openai, ...) on top of surge's own."""
+    modules = ("accelerate", "rich", "openai", "fastapi", "uvicorn")
+    return transformers_cli().exists() and all(importlib.util.find_spec(name) for name in modules)
+
+
+def transformers_server(model_dir: Path, concurrency: int, args: argparse.Namespace) -> ServerProcess:
+    """`transformers serve --continuous-batching`, with the CPU settings FACTS.md found best.
+
+    Its defaults cost about 14 s on the first request and 6-9 GB; a 1024-token batch and a small KV
+    pool bring that to 0.1 s and about 0.5 GB. The pool (pages of 256 tokens) grows with the
+    concurrency so that every stream fits at once. It rejects unknown fields (no `ignore_eos`: the
+    tiny models rarely stop early, and tokens/s counts the tokens each stream really produced), ends
+    streams without `[DONE]` and has no /ready, so readiness is GET /v1/models.
+    """
+    argv = [str(transformers_cli()), "serve", str(model_dir), "--device", "cpu", "--continuous-batching"]
+    argv += ["--cb-max-batch-tokens", "1024", "--cb-num-blocks", str(max(64, 2 * concurrency))]
+    argv += ["--host", "127.0.0.1", "--port", "{port}", "--log-level", "warning"]
+    # torch reads OMP_NUM_THREADS at import: the same thread count as surge's --num-threads.
+    env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads)}
+    log_path = args.out.parent / f"transformers-c{concurrency}.log"
+    return ServerProcess("transformers", argv, str(model_dir), log_path, ready_path="/v1/models", env=env)
+
+
+def naive_server(model_dir: Path, concurrency: int, args: argparse.Namespace) -> ServerProcess:
+    """scripts/naive_server.py: FastAPI calling `model.generate` for one request at a time."""
+    argv = [sys.executable, str(REPO_ROOT / "scripts" / "naive_server.py"), "--model", str(model_dir)]
+    argv += ["--port", "{port}", "--num-threads", str(args.threads)]
+    log_path = args.out.parent / f"naive-c{concurrency}.log"
+    return ServerProcess(
+        "naive", argv, str(model_dir), log_path, ready_path="/health", request_extras={"ignore_eos": True}
+    )
+
+
+SYSTEMS = ("surge", "transformers", "naive")
+
+
+def make_server(
+    system: str, model_dir: Path, concurrency: int, args: argparse.Namespace, stack: StackMode | None = None
+) -> ServerProcess:
+    """The server one `--systems` name stands for (`stack` applies to surge only)."""
+    if system == "transformers":
+        return transformers_server(model_dir, concurrency, args)
+    if system == "naive":
+        return naive_server(model_dir, concurrency, args)
+    return surge_server(model_dir, concurrency, args, stack)
+
+
+def default_systems(args: argparse.Namespace) -> list[str]:
+    """Smoke and `--stack` runs measure surge alone; a full run every system that is installed."""
+    if args.smoke or args.stack is not None:
+        return ["surge"]
+    return ["surge", *(["transformers"] if transformers_serve_installed() else []), "naive"]
+
+
 # ---------------------------------------------------------------- load runner
 
 
-@dataclass
-class RequestResult:
-    error: str | None = None
-    ttft_s: float | None = None  # until the first chunk with non-empty content
-    e2e_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)  # gaps between content chunks
-    prompt_tokens: int | None = None
-    completion_tokens: int = 0
+def num_requests(spec: LoadSpec) -> int:
+    if spec.rate is None:
+        return spec.concurrency * spec.requests_per_client
+    return len(arrival_times(spec.rate, spec.duration_s, spec.seed))
 
 
-@dataclass(frozen=True)
-class LoadSpec:
-    concurrency: int
-    requests_per_client: int
-    max_tokens: int
-    prompt_words: int
-    seed: int = 0
+def load_label(spec: LoadSpec) -> str:
+    return "closed" if spec.rate is None else f"poisson {spec.rate:g}/s"
 
 
-async def stream_chat(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
-) -> RequestResult:
-    result = RequestResult()
-    content_times: list[float] = []
-    finish_reason, usage = None, None
-    start = time.perf_counter()
-    try:
-        async with client.stream("POST", url, json=body, headers=headers) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")[:200]
-                return RequestResult(error=f"HTTP {response.status_code}: {text}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # blank separators and `:` keep-alive comments
-                data = line[5:].strip()
-                if data == "[DONE]":  # NOTE: not required; some servers end the stream without it
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    return RequestResult(error=f"stream error: {chunk['error']}")
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or ():
-                    if (choice.get("delta") or {}).get("content"):
-                        content_times.append(time.perf_counter())
-                    finish_reason = choice.get("finish_reason") or finish_reason
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        return RequestResult(error=f"{type(exc).__name__}: {exc}")
-    result.e2e_s = time.perf_counter() - start
-    if not content_times or finish_reason is None:
-        result.error = f"incomplete stream: {len(content_times)} content chunks, finish_reason={finish_reason}"
-        return result
-    result.ttft_s = content_times[0] - start
-    result.itl_s = [b - a for a, b in itertools.pairwise(content_times)]
-    result.prompt_tokens = usage.get("prompt_tokens") if usage else None
-    result.completion_tokens = int(usage["completion_tokens"]) if usage else len(content_times)
-    return result
-
-
-async def run_load(sut: SystemUnderTest, spec: LoadSpec) -> tuple[list[RequestResult], float, float]:
-    """Closed loop: `concurrency` workers each send `requests_per_client` requests back to back.
-
-    Returns (results, wall seconds of the whole load, CPU seconds this client process used).
-    """
-    rng, per_client = random.Random(spec.seed), spec.requests_per_client
-    words = WORD_POOL.split()
-    # Every request gets its own prompt, so no server can answer one from a prefix cache.
-    prompts = [" ".join(rng.choices(words, k=spec.prompt_words)) for _ in range(spec.concurrency * per_client)]
-    url = f"{sut.base_url}/v1/chat/completions"
-    body = {"model": sut.model_name, "max_tokens": spec.max_tokens, "temperature": 0, "stream": True}
-    body |= {"stream_options": {"include_usage": True}, **sut.request_extras}
-    limits = httpx.Limits(max_connections=spec.concurrency + 8, max_keepalive_connections=spec.concurrency + 8)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0)) as client:
-
-        async def worker(index: int) -> list[RequestResult]:
-            mine = prompts[index * per_client : (index + 1) * per_client]
-            return [
-                await stream_chat(
-                    client, url, {**body, "messages": [{"role": "user", "content": p}]}, sut.request_headers()
-                )
-                for p in mine
-            ]
-
-        cpu_start, start = time.process_time(), time.perf_counter()
-        per_worker = await asyncio.gather(*(worker(i) for i in range(spec.concurrency)))
-        wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-    return [r for results in per_worker for r in results], wall_s, cpu_s
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    low, high = int(pos), min(int(pos) + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def summarize(results: list[RequestResult], wall_s: float) -> dict[str, Any]:
-    ok = [r for r in results if r.error is None]
-    prompt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
-    num_tokens = sum(r.completion_tokens for r in ok)
-    summary: dict[str, Any] = {
-        "num_requests": len(results),
-        "num_errors": len(results) - len(ok),
-        "errors": sorted({r.error for r in results if r.error})[:5],
-        "completion_tokens": num_tokens,
-        "mean_prompt_tokens": sum(prompt) / len(prompt) if prompt else None,
-        "wall_s": wall_s,
-        "tokens_per_s": num_tokens / wall_s if wall_s > 0 else 0.0,
-        "requests_per_s": len(ok) / wall_s if wall_s > 0 else 0.0,
-    }
-    samples: dict[str, list[float | None]] = {"ttft": [r.ttft_s for r in ok], "e2e": [r.e2e_s for r in ok]}
-    samples["itl"] = [gap for r in ok for gap in r.itl_s]
-    for name, values in samples.items():
-        for q in (50, 99):
-            summary[f"{name}_p{q}_s"] = percentile([v for v in values if v is not None], q)
-    return summary
-
-
-def measure(sut: SystemUnderTest, spec: LoadSpec) -> tuple[dict[str, Any], list[RequestResult]]:
+def measure(
+    sut: SystemUnderTest, spec: LoadSpec, on_done: Callable[[], None] | None = None
+) -> tuple[dict[str, Any], list[RequestResult]]:
     """Start `sut`, warm it up, run the load, stop it. A failed start counts every request as failed."""
-    row: dict[str, Any] = {"system": sut.name, "concurrency": spec.concurrency}
+    concurrency = spec.concurrency if spec.rate is None else None
+    row: dict[str, Any] = {"system": sut.name, "concurrency": concurrency, "load": load_label(spec)}
+    if spec.rate is not None:
+        row |= {"rate_rps": spec.rate, "duration_s": spec.duration_s}
     try:
         sut.start()
         warmup = LoadSpec(min(spec.concurrency, 4), 1, min(spec.max_tokens, 8), spec.prompt_words, seed=1)
         asyncio.run(run_load(sut, warmup))
         row["loadavg_1m_before"] = os.getloadavg()[0]
-        results, wall_s, row["client_cpu_s"] = asyncio.run(run_load(sut, spec))
+        results, wall_s, row["client_cpu_s"] = asyncio.run(run_load(sut, spec, on_done))
         row["peak_rss_mib"] = sut.peak_rss_mib()
         row |= sut.stats()
     except Exception as exc:  # a broken system is a result, not the end of the benchmark
@@ -501,83 +479,6 @@ def machine_info() -> dict[str, Any]:
     return {"nproc": os.cpu_count(), "cpu": cpu, "torch": torch_version, "python": python, "loadavg": os.getloadavg()}
 
 
-# (title, row key, scale): a scale multiplies the value and prints one decimal (1000: seconds as ms).
-# fmt: off
-COLUMNS: tuple[tuple[str, str, int | None], ...] = (
-    ("system", "system", None), ("concurrency", "concurrency", None), ("requests", "num_requests", None),
-    ("tokens/s", "tokens_per_s", 1), ("vs ceiling", "vs_ceiling", None), ("req/s", "requests_per_s", 1),
-    ("TTFT p50 ms", "ttft_p50_s", 1000), ("TTFT p99 ms", "ttft_p99_s", 1000),
-    ("ITL p50 ms", "itl_p50_s", 1000), ("ITL p99 ms", "itl_p99_s", 1000),
-    ("e2e p50 ms", "e2e_p50_s", 1000), ("e2e p99 ms", "e2e_p99_s", 1000),
-    ("prompt tok", "mean_prompt_tokens", 1), ("errors", "num_errors", None), ("peak RSS MiB", "peak_rss_mib", 1),
-)
-# fmt: on
-
-
-# The "vs stack off" section: ratios of each `--stack` mode over `off` at the same concurrency.
-# fmt: off
-VS_OFF_COLUMNS: tuple[tuple[str, str, int | None], ...] = (
-    ("system", "system", None), ("concurrency", "concurrency", None),
-    ("tokens/s", "tokens_per_s", 1), ("tokens/s vs off", "vs_off_tokens_per_s", None),
-    ("TTFT p50 ms", "ttft_p50_s", 1000), ("TTFT p50 vs off", "vs_off_ttft_p50", None),
-    ("errors", "num_errors", None),
-)
-# fmt: on
-
-
-def format_cell(value: Any, scale: int | None) -> str:
-    if value is None:
-        return "–"
-    if scale is not None:
-        return f"{value * scale:.1f}"
-    return f"{value:.2f}x" if isinstance(value, float) else str(value)
-
-
-def markdown_table(columns: tuple[tuple[str, str, int | None], ...], rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| " + " | ".join(title for title, _, _ in columns) + " |", "|" + "---|" * len(columns)]
-    return lines + [
-        "| " + " | ".join(format_cell(row.get(key), scale) for _, key, scale in columns) + " |" for row in rows
-    ]
-
-
-def add_vs_off(rows: list[dict[str, Any]]) -> None:
-    """Set each stack row's tokens/s and TTFT p50 as ratios over the `off` row at its concurrency."""
-    off = {row["concurrency"]: row for row in rows if row.get("stack") == "off" and row.get("tokens_per_s")}
-    for row in rows:
-        base = off.get(row["concurrency"])
-        if row.get("stack") is None or base is None or row.get("num_errors") == row.get("num_requests"):
-            continue
-        row["vs_off_tokens_per_s"] = row["tokens_per_s"] / base["tokens_per_s"]
-        if row.get("ttft_p50_s") is not None and base.get("ttft_p50_s"):
-            row["vs_off_ttft_p50"] = row["ttft_p50_s"] / base["ttft_p50_s"]
-
-
-def render(rows: list[dict[str, Any]], machine: dict[str, Any], command: str, note: str) -> str:
-    loadavg = " / ".join(f"{x:.2f}" for x in machine["loadavg"])
-    lines = [
-        f"Command: `{command}`",
-        "",
-        f"Machine: {machine['nproc']} CPUs ({machine['cpu']}), torch {machine['torch']}, "
-        f"python {machine['python']}, load average at start {loadavg}",
-        "",
-        note,
-        "",
-        *markdown_table(COLUMNS, rows),
-    ]
-    stack_rows = [row for row in rows if row.get("stack") is not None]
-    if any("vs_off_tokens_per_s" in row for row in stack_rows):
-        lines += [
-            "",
-            "### vs stack off",
-            "",
-            "Each mode over `off` at the same concurrency: tokens/s below 1.00x and TTFT above 1.00x are the "
-            "traffic stack's cost. Modes ran one after another, each on a fresh server; single runs.",
-            "",
-            *markdown_table(VS_OFF_COLUMNS, stack_rows),
-        ]
-    return "\n".join(lines) + "\n"
-
-
 # ---------------------------------------------------------------- main
 
 
@@ -586,7 +487,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model-size", choices=("s", "m", "l"), default="m")
     parser.add_argument("--model-dir", type=Path, help="use this model directory instead of building a tiny one")
     parser.add_argument("--cache-dir", type=Path, default=REPO_ROOT / ".cache" / "bench-models")
-    parser.add_argument("--concurrency", default="32", help="comma-separated list, e.g. 1,8,32")
+    parser.add_argument("--concurrency", default="1,8,32,64", help="comma-separated list, e.g. 1,8,32")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (and for the ceiling)")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--prompt-words", type=int, default=DEFAULT_PROMPT_WORDS)
@@ -598,6 +499,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"comma-separated traffic-stack modes ({', '.join(STACK_MODES)}), one surge run each; "
         "default: one run at the server's defaults",
     )
+    parser.add_argument(
+        "--systems",
+        help=f"comma-separated, among {', '.join(SYSTEMS)}; default: every one installed (surge alone with "
+        "--smoke or --stack)",
+    )
+    parser.add_argument(
+        "--rate", type=float, help="also run an open loop: Poisson arrivals at this many requests/s per system"
+    )
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals for --rate")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--no-ceiling", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench-results" / "bench.md")
     parser.add_argument("--smoke", action="store_true", help="seconds long: size s, concurrency 4, 8 tokens, 1 each")
@@ -613,6 +525,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if not names or unknown or len(set(names)) != len(names):
             parser.error(f"--stack takes distinct modes among {', '.join(STACK_MODES)}; got {args.stack!r}")
         args.stack = [STACK_MODES[name] for name in names]
+    if args.systems is None:
+        args.systems = default_systems(args)
+    else:
+        names = [name.strip() for name in args.systems.split(",") if name.strip()]
+        unknown = sorted(set(names) - set(SYSTEMS))
+        if not names or unknown or len(set(names)) != len(names):
+            parser.error(f"--systems takes distinct names among {', '.join(SYSTEMS)}; got {args.systems!r}")
+        args.systems = names
+    if args.rate is not None and (args.rate <= 0 or args.duration <= 0):
+        parser.error("--rate and --duration must be positive")
     return args
 
 
@@ -624,39 +546,59 @@ def main(argv: list[str]) -> int:
     command = shlex.join(sys.orig_argv)
     machine = machine_info()
     model_dir = args.model_dir.resolve() if args.model_dir else ensure_model(args.model_size, args.cache_dir)
+    open_loop = f"; open loop: Poisson {args.rate:g} req/s for {args.duration:g} s" if args.rate else ""
     note = (
-        f"Model `{model_dir.name}`; {args.max_tokens} new tokens per request, greedy, ignore_eos; "
-        f"{args.requests_per_client} request(s) per client, closed loop; torch threads {args.threads}. "
-        f"Ceiling: batch = concurrency, {CEILING_PROMPT_TOKENS}-token prompts, prefill + greedy decode loop, "
-        "best of 2 after a warmup."
+        f"Model `{model_dir.name}`; {args.max_tokens} new tokens per request, greedy, ignore_eos where the "
+        f"server takes it (not `transformers serve`: its tokens/s counts the tokens it really produced, see "
+        f"`completion tok`); {args.requests_per_client} request(s) per client, closed loop{open_loop}; "
+        f"torch threads {args.threads}. Ceiling: batch = concurrency, {CEILING_PROMPT_TOKENS}-token prompts, "
+        "prefill + greedy decode loop, best of 2 after a warmup."
     )
-    print(f"Command: {command}\nMachine: {machine}\nModel: {model_dir}", flush=True)
+    print(f"Command: {command}\nMachine: {machine}\nModel: {model_dir}\nSystems: {args.systems}", flush=True)
+    runs: list[tuple[LoadSpec, str, StackMode | None]] = []  # every measurement, in order
+    specs = [LoadSpec(c, args.requests_per_client, args.max_tokens, args.prompt_words) for c in args.concurrency]
+    if args.rate is not None:
+        specs.append(LoadSpec(4, 1, args.max_tokens, args.prompt_words, rate=args.rate, duration_s=args.duration))
+    for spec in specs:
+        for system in args.systems:
+            stacks: list[StackMode | None] = (args.stack or [None]) if system == "surge" else [None]
+            runs += [(spec, system, stack) for stack in stacks]
     rows: list[dict[str, Any]] = []
     raw: list[dict[str, Any]] = []
-    for concurrency in args.concurrency:
-        ceiling = None
-        if not args.no_ceiling:
-            ceiling = run_ceiling(model_dir, concurrency, args.threads, args.max_tokens)
-            rows.append({"system": "ceiling", "concurrency": concurrency, **ceiling})
-            print(f"ceiling B={concurrency}: {ceiling['tokens_per_s']:.1f} tok/s", flush=True)
-        spec = LoadSpec(concurrency, args.requests_per_client, args.max_tokens, args.prompt_words)
-        stacks: list[StackMode | None] = args.stack or [None]
-        for stack in stacks:
-            sut = surge_server(model_dir, concurrency, args, stack)
-            row, results = measure(sut, spec)
+    ceilings: dict[int, dict[str, Any]] = {}
+    bar = tqdm(total=sum(num_requests(spec) for spec, _, _ in runs), unit="req", file=sys.stderr)
+    bar.disable = args.no_progress
+    with bar:
+        for spec, system, stack in runs:
+            concurrency = spec.concurrency
+            if spec.rate is None and not args.no_ceiling and concurrency not in ceilings:
+                bar.set_description(f"ceiling B={concurrency}")
+                ceiling = ceilings[concurrency] = run_ceiling(model_dir, concurrency, args.threads, args.max_tokens)
+                rows.append({"system": "ceiling", "concurrency": concurrency, "load": "batch", **ceiling})
+                bar.write(f"ceiling B={concurrency}: {ceiling['tokens_per_s']:.1f} tok/s", file=sys.stdout)
+            sut = make_server(system, model_dir, concurrency, args, stack)
+            bar.set_description(f"{sut.name} {load_label(spec) if spec.rate else f'c={concurrency}'}")
+            done_before = bar.n
+            row, results = measure(sut, spec, on_done=lambda: bar.update(1))
+            bar.update(max(0, done_before + num_requests(spec) - bar.n))  # a failed start, or fewer arrivals
             if stack is not None:
                 row["stack"] = stack.name
+            ceiling = ceilings.get(concurrency) if spec.rate is None else None
             if ceiling is not None and row["tokens_per_s"]:
                 row["vs_ceiling"] = row["tokens_per_s"] / ceiling["tokens_per_s"]
             rows.append(row)
-            raw.append({"system": sut.name, "concurrency": concurrency, "requests": [asdict(r) for r in results]})
+            raw.append(
+                {"system": sut.name, "concurrency": row["concurrency"], "load": row["load"]}
+                | {"requests": [asdict(r) for r in results]}
+            )
             redis_note = f", {row['redis_commands']} redis commands" if "redis_commands" in row else ""
-            print(
-                f"{sut.name} c={concurrency}: {row['tokens_per_s']:.1f} tok/s, {row['num_errors']} errors{redis_note}",
-                flush=True,
+            bar.write(
+                f"{sut.name} {row['load']} c={row['concurrency']}: {row['tokens_per_s']:.1f} tok/s, "
+                f"{row['completion_tokens']} tokens, {row['num_errors']} errors{redis_note}",
+                file=sys.stdout,
             )
             for error in row["errors"]:
-                print(f"  error: {error}", file=sys.stderr)
+                bar.write(f"  error: {error}", file=sys.stderr)
 
     add_vs_off(rows)
     table = render(rows, machine, command, note)
@@ -665,6 +607,9 @@ def main(argv: list[str]) -> int:
     args.out.write_text(table)
     report = {"command": command, "machine": machine, "model_dir": str(model_dir), "rows": rows, "raw": raw}
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    if not args.no_plots and is_plottable():
+        for path in write_plots(rows, args.out.parent, title=model_dir.name):
+            print(f"plot: {path}", flush=True)
     return 1 if any(row.get("num_errors") for row in rows) else 0
 
 

@@ -51,8 +51,9 @@ def wait_ready(base_url: str, timeout: float = 60.0) -> None:
 
 
 @contextmanager
-def running_server(model_dir: Path, **settings: object) -> Iterator[LiveServer]:
-    app = create_app(Settings(model=str(model_dir), served_model_name=MODEL_NAME, **settings))  # type: ignore[arg-type]
+def running_server(model: Path | str, **settings: object) -> Iterator[LiveServer]:
+    """`model`: a model directory, or a name `--model` takes (`echo`)."""
+    app = create_app(Settings(model=str(model), served_model_name=MODEL_NAME, **settings))  # type: ignore[arg-type]
     with serve_app(app) as base_url:
         wait_ready(base_url)
         yield LiveServer(base_url, app.state.surge)

@@ -1,0 +1,193 @@
+"""The load runner: streaming chat requests against a system under test, and their summary.
+
+Closed loop (`concurrency` workers, each sending `requests_per_client` requests back to back) or
+open loop (Poisson arrivals at `rate` requests/s for `duration_s` seconds, however many are in flight).
+Knows nothing about how a system is started: only its `base_url`, `model_name`, `request_extras`
+and `request_headers()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+# 8 words come to 27-38 (mean 32) prompt tokens with the tiny model's tokenizer and ChatML template.
+DEFAULT_PROMPT_WORDS = 8
+WORD_POOL = (
+    "time year people way day man thing woman life child world school state family student group "
+    "country problem hand part place case week company system program question work government "
+    "number night point home water room mother area money story fact month lot right study book "
+    "eye job word business issue side kind head house service friend father power hour game line"
+)
+
+
+class SystemUnderTest(Protocol):
+    name: str
+    base_url: str  # valid once start() has returned
+    model_name: str  # the `model` field requests must carry
+    request_extras: dict[str, Any]  # extra request-body fields it accepts (e.g. ignore_eos)
+
+    def request_headers(self) -> dict[str, str]: ...  # once per request (e.g. a fresh Idempotency-Key)
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def peak_rss_mib(self) -> float | None: ...
+    def stats(self) -> dict[str, Any]: ...  # extra numbers for the JSON row, read after the load
+
+
+@dataclass
+class RequestResult:
+    error: str | None = None
+    ttft_s: float | None = None  # until the first chunk with non-empty content
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)  # gaps between content chunks
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    concurrency: int
+    requests_per_client: int
+    max_tokens: int
+    prompt_words: int
+    seed: int = 0
+    rate: float | None = None  # open loop: Poisson arrivals at this many requests/s (concurrency unused)
+    duration_s: float = 10.0  # open loop: arrivals stop after this long; the run waits for the last one
+
+
+async def stream_chat(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> RequestResult:
+    result = RequestResult()
+    content_times: list[float] = []
+    finish_reason, usage = None, None
+    start = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")[:200]
+                return RequestResult(error=f"HTTP {response.status_code}: {text}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue  # blank separators and `:` keep-alive comments
+                data = line[5:].strip()
+                if data == "[DONE]":  # NOTE: not required; some servers end the stream without it
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    return RequestResult(error=f"stream error: {chunk['error']}")
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or ():
+                    if (choice.get("delta") or {}).get("content"):
+                        content_times.append(time.perf_counter())
+                    finish_reason = choice.get("finish_reason") or finish_reason
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        return RequestResult(error=f"{type(exc).__name__}: {exc}")
+    result.e2e_s = time.perf_counter() - start
+    if not content_times or finish_reason is None:
+        result.error = f"incomplete stream: {len(content_times)} content chunks, finish_reason={finish_reason}"
+        return result
+    result.ttft_s = content_times[0] - start
+    result.itl_s = [b - a for a, b in itertools.pairwise(content_times)]
+    result.prompt_tokens = usage.get("prompt_tokens") if usage else None
+    result.completion_tokens = int(usage["completion_tokens"]) if usage else len(content_times)
+    return result
+
+
+def make_prompts(spec: LoadSpec, count: int) -> list[str]:
+    """Every request gets its own prompt, so no server can answer one from a prefix cache."""
+    rng, words = random.Random(spec.seed), WORD_POOL.split()
+    return [" ".join(rng.choices(words, k=spec.prompt_words)) for _ in range(count)]
+
+
+def arrival_times(rate: float, duration_s: float, seed: int) -> list[float]:
+    """Poisson arrivals: exponential gaps with mean 1/rate, offsets in [0, duration_s)."""
+    rng, times, t = random.Random(seed), [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration_s:
+            return times
+        times.append(t)
+
+
+async def run_load(
+    sut: SystemUnderTest, spec: LoadSpec, on_done: Callable[[], None] | None = None
+) -> tuple[list[RequestResult], float, float]:
+    """Closed loop (`concurrency` workers, `requests_per_client` each) or, with `spec.rate`, open loop.
+
+    `on_done` is called after every request (a progress bar). Returns (results, wall seconds of the
+    whole load, CPU seconds this client process used).
+    """
+    url = f"{sut.base_url}/v1/chat/completions"
+    body = {"model": sut.model_name, "max_tokens": spec.max_tokens, "temperature": 0, "stream": True}
+    body |= {"stream_options": {"include_usage": True}, **sut.request_extras}
+    max_connections = spec.concurrency + 8 if spec.rate is None else 1024
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0)) as client:
+
+        async def one(prompt: str) -> RequestResult:
+            body_i = {**body, "messages": [{"role": "user", "content": prompt}]}
+            result = await stream_chat(client, url, body_i, sut.request_headers())
+            if on_done is not None:
+                on_done()
+            return result
+
+        cpu_start, start = time.process_time(), time.perf_counter()
+        if spec.rate is None:
+            per_client = spec.requests_per_client
+            prompts = make_prompts(spec, spec.concurrency * per_client)
+
+            async def worker(index: int) -> list[RequestResult]:
+                return [await one(p) for p in prompts[index * per_client : (index + 1) * per_client]]
+
+            per_worker = await asyncio.gather(*(worker(i) for i in range(spec.concurrency)))
+            results = [r for worker_results in per_worker for r in worker_results]
+        else:
+            offsets = arrival_times(spec.rate, spec.duration_s, spec.seed)
+            tasks = []
+            for offset, prompt in zip(offsets, make_prompts(spec, len(offsets)), strict=True):
+                await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+                tasks.append(asyncio.create_task(one(prompt)))
+            results = list(await asyncio.gather(*tasks))
+        wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    return results, wall_s, cpu_s
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low, high = int(pos), min(int(pos) + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def summarize(results: list[RequestResult], wall_s: float) -> dict[str, Any]:
+    ok = [r for r in results if r.error is None]
+    prompt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    num_tokens = sum(r.completion_tokens for r in ok)
+    summary: dict[str, Any] = {
+        "num_requests": len(results),
+        "num_errors": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if r.error})[:5],
+        "completion_tokens": num_tokens,
+        "mean_prompt_tokens": sum(prompt) / len(prompt) if prompt else None,
+        "wall_s": wall_s,
+        "tokens_per_s": num_tokens / wall_s if wall_s > 0 else 0.0,
+        "requests_per_s": len(ok) / wall_s if wall_s > 0 else 0.0,
+    }
+    samples: dict[str, list[float | None]] = {"ttft": [r.ttft_s for r in ok], "e2e": [r.e2e_s for r in ok]}
+    samples["itl"] = [gap for r in ok for gap in r.itl_s]
+    for name, values in samples.items():
+        for q in (50, 99):
+            summary[f"{name}_p{q}_s"] = percentile([v for v in values if v is not None], q)
+    return summary

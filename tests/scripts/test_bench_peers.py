@@ -1,0 +1,54 @@
+"""scripts/bench.py's peers and open loop, without starting a model: a peer that cannot start is an
+error row; `--systems` is checked; Poisson arrivals have the asked rate."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench", REPO_ROOT / "scripts" / "bench.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_peer_that_cannot_start_is_an_error_row(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bench, "transformers_cli", lambda: tmp_path / "no-such-transformers")
+    args = bench.parse_args(["--systems", "transformers", "--out", str(tmp_path / "bench.md")])
+    sut = bench.make_server("transformers", tmp_path / "no-model", 4, args)
+    row, _ = bench.measure(sut, bench.LoadSpec(4, 1, 8, 8))
+    assert row["system"] == "transformers" and row["num_errors"] == 1 and row["tokens_per_s"] == 0.0
+    assert "FileNotFoundError" in row["errors"][0]
+
+
+def test_systems_flag(bench: ModuleType) -> None:
+    assert bench.parse_args(["--systems", "naive,surge"]).systems == ["naive", "surge"]
+    assert bench.parse_args(["--smoke"]).systems == ["surge"]
+    assert bench.parse_args(["--stack", "off"]).systems == ["surge"]
+    assert {"surge", "naive"} <= set(bench.parse_args([]).systems)
+    assert bench.parse_args([]).concurrency == [1, 8, 32, 64]
+    for bad in ("vllm", "surge,surge", ","):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--systems", bad])
+
+
+def test_poisson_arrivals_have_the_asked_rate(bench: ModuleType) -> None:
+    times = bench.arrival_times(20.0, 50.0, seed=0)
+    assert times == sorted(times) and times[0] > 0 and times[-1] < 50.0
+    assert len(times) == pytest.approx(1000, rel=0.1)
+    assert bench.arrival_times(20.0, 50.0, seed=0) == times  # deterministic: the progress bar's total
+    spec = bench.LoadSpec(4, 1, 8, 8, rate=20.0, duration_s=50.0)
+    assert bench.num_requests(spec) == len(times) and bench.load_label(spec) == "poisson 20/s"

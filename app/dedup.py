@@ -35,7 +35,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 from app.dedup_flight import Flight, SharedGeneration
 from app.dedup_store import Claim, LocalResults, RedisDedupStore
@@ -218,7 +218,11 @@ class DedupCache:
             while not group.finished:
                 outputs = await group.next_outputs(renew_every if token is not None else None)
                 if outputs:
-                    flight.extend([replace(out, request_id=flight.request_id) for out in outputs])
+                    # The engine's outputs belong to this flight alone: relabel them in place
+                    # rather than copying each one (this is the per-token path).
+                    for out in outputs:
+                        out.request_id = flight.request_id
+                    flight.extend(outputs)
                 if token is not None and self._store is not None and loop.time() >= renew_at:
                     renew_at = loop.time() + renew_every
                     await self._quietly(self._store.renew(flight.key, token))

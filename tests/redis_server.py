@@ -19,11 +19,7 @@ import tempfile
 import time
 from types import TracebackType
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.ports import free_port
 
 
 class RedisServer:
@@ -32,7 +28,7 @@ class RedisServer:
         if binary is None:
             raise RuntimeError("redis-server is not installed (make test installs it with apt)")
         self.binary = binary
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="surge-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 

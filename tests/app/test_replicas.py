@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 from models.tiny import build_tiny
+from tests.ports import free_port
 from tests.redis_server import RedisServer
 
 NAME = "shared"
@@ -29,14 +29,8 @@ FREE = {"Authorization": "Bearer sk-free"}  # no limits
 LIMITED = {"Authorization": "Bearer sk-limited"}  # 12 requests per minute, shared by the replicas
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _spawn(model_dir: Path, redis_url: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "app.cli", "serve", "--model", str(model_dir), "--port", str(port)]
     argv += ["--served-model-name", NAME, "--redis-url", redis_url, "--redis-timeout-ms", "2000"]
     argv += ["--max-model-len", "256", "--max-num-seqs", "8", "--log-level", "warning", *extra]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,12 @@ import httpx
 import pytest
 import yaml
 
+from tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 OVERLAYS = ("cpu", "gpu")
 SERVED_MODEL = "tiny-k8s"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def load_yaml(path: Path) -> Any:

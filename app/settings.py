@@ -23,7 +23,6 @@ from models.config import EngineConfig, ModelConfig, SchedulerConfig
 class Option:
     name: str  # flag without dashes, snake_case; the env var is SURGE_<NAME upper>
     type: type
-    default: Any
     help: str
     choices: tuple[str, ...] | None = None
     multiple: bool = False
@@ -36,85 +35,81 @@ class Option:
     def env(self) -> str:
         return "SURGE_" + self.name.upper()
 
+    @property
+    def default(self) -> Any:
+        """The default lives once, on the Settings field of the same name."""
+        return Settings.__dataclass_fields__[self.name].default
+
 
 # The single list of serve options: the CLI, the environment and the README table come from it.
 OPTIONS: tuple[Option, ...] = (
     Option(
         "model",
         str,
-        "tiny",
         "`tiny` (embedded, built offline), `echo` (no model: measures serving overhead), a Hugging Face model"
         " directory, or a hub id",
     ),
-    Option("host", str, "127.0.0.1", "address to listen on"),
-    Option("port", int, 8000, "port to listen on"),
-    Option("device", str, "auto", "`auto` picks CUDA when torch sees a GPU", choices=("auto", "cpu", "cuda")),
+    Option("host", str, "address to listen on"),
+    Option("port", int, "port to listen on"),
+    Option("device", str, "`auto` picks CUDA when torch sees a GPU", choices=("auto", "cpu", "cuda")),
     Option(
         "dtype",
         str,
-        "auto",
         "`auto`: float32 on CPU, bfloat16 (or float16) on GPU",
         choices=("auto", "float32", "bfloat16", "float16"),
     ),
-    Option("max_num_seqs", int, 32, "sequences decoded together; each holds one KV-cache slot"),
+    Option("max_num_seqs", int, "sequences decoded together; each holds one KV-cache slot"),
     Option(
         "max_num_batched_tokens",
         int,
-        512,
         "tokens fed to the model per step; longer prompts are prefilled in chunks of this size",
     ),
-    Option("max_model_len", int, 0, "prompt + completion tokens per sequence; 0 = the model's own limit"),
-    Option("served_model_name", str, "", "model name in the API; empty = the --model value"),
-    Option("api_key", str, (), "accepted Bearer key (repeatable); none = no auth", multiple=True),
-    Option("cors_origin", str, (), "allowed CORS origin (repeatable, `*` for any)", multiple=True),
-    Option("num_threads", int, 1, "torch CPU threads; 1 avoids contention with the event loop, 0 = torch default"),
-    Option("max_body_bytes", int, 8 * 1024 * 1024, "largest accepted request body (413 beyond)"),
-    Option("keepalive_seconds", float, 5.0, "SSE keep-alive comment interval while a stream is silent"),
-    Option("log_level", str, "info", "log level", choices=("debug", "info", "warning", "error")),
-    Option(
-        "log_format", str, "text", "`json`: one JSON object per log line, with request_id", choices=("text", "json")
-    ),
+    Option("max_model_len", int, "prompt + completion tokens per sequence; 0 = the model's own limit"),
+    Option("served_model_name", str, "model name in the API; empty = the --model value"),
+    Option("api_key", str, "accepted Bearer key (repeatable); none = no auth", multiple=True),
+    Option("cors_origin", str, "allowed CORS origin (repeatable, `*` for any)", multiple=True),
+    Option("num_threads", int, "torch CPU threads; 1 avoids contention with the event loop, 0 = torch default"),
+    Option("max_body_bytes", int, "largest accepted request body (413 beyond)"),
+    Option("keepalive_seconds", float, "SSE keep-alive comment interval while a stream is silent"),
+    Option("log_level", str, "log level", choices=("debug", "info", "warning", "error")),
+    Option("log_format", str, "`json`: one JSON object per log line, with request_id", choices=("text", "json")),
     # --- shutdown -----------------------------------------------------------------------------
     Option(
         "shutdown_delay_seconds",
         float,
-        2.0,
         "after SIGTERM, how long /ready is 503 and new requests get 503 before the listener closes",
     ),
-    Option("shutdown_grace_seconds", float, 30.0, "after the delay, the longest wait for in-flight requests"),
+    Option("shutdown_grace_seconds", float, "after the delay, the longest wait for in-flight requests"),
     # --- traffic layer: shared state -------------------------------------------------------
-    Option("redis_url", str, "", "Redis for state shared by replicas (e.g. redis://host:6379/0); empty = in-process"),
-    Option("redis_timeout_ms", int, 50, "longest wait on Redis per decision; beyond it, fail open to in-process state"),
+    Option("redis_url", str, "Redis for state shared by replicas (e.g. redis://host:6379/0); empty = in-process"),
+    Option("redis_timeout_ms", int, "longest wait on Redis per decision; beyond it, fail open to in-process state"),
     # --- rate limits --------------------------------------------------------------------------
-    Option("rate_limit_rpm", int, 0, "requests per minute per API key (per client address without keys); 0 = off"),
-    Option("rate_limit_tpm", int, 0, "tokens (prompt + max_tokens) per minute per API key; 0 = off"),
-    Option("keys_file", str, "", "YAML or JSON file of API keys with per-key limits and priority tier"),
+    Option("rate_limit_rpm", int, "requests per minute per API key (per client address without keys); 0 = off"),
+    Option("rate_limit_tpm", int, "tokens (prompt + max_tokens) per minute per API key; 0 = off"),
+    Option("keys_file", str, "YAML or JSON file of API keys with per-key limits and priority tier"),
     Option(
         "rate_limit_replicas",
         int,
-        1,
         "replicas sharing the limits through Redis; while Redis is unreachable each enforces 1/N of them",
     ),
     # --- idempotency and dedup -----------------------------------------------------------------
-    Option(
-        "idempotency_ttl_seconds", float, 86400.0, "how long a finished response is kept for Idempotency-Key retries"
-    ),
-    Option("idempotency_lease_seconds", float, 30.0, "in-flight lease of an Idempotency-Key, extended while it runs"),
-    Option("dedup_ttl_seconds", float, 300.0, "how long identical deterministic requests share a result; 0 = off"),
+    Option("idempotency_ttl_seconds", float, "how long a finished response is kept for Idempotency-Key retries"),
+    Option("idempotency_lease_seconds", float, "in-flight lease of an Idempotency-Key, extended while it runs"),
+    Option("dedup_ttl_seconds", float, "how long identical deterministic requests share a result; 0 = off"),
     # --- admission control and degradation ---------------------------------------------------
-    Option("max_queued_requests", int, 256, "waiting requests beyond which new ones get a fast 503; 0 = no bound"),
-    Option("max_queued_tokens", int, 0, "waiting prompt tokens beyond which new requests get a 503; 0 = no bound"),
-    Option("max_queue_seconds", float, 120.0, "a request still queued after this is dropped unrun (503); 0 = no limit"),
-    Option("degrade_thresholds", str, "1,2,4,8", "load scores entering degradation levels 1-4; `off` disables"),
-    Option("degrade_queue_depth", int, 64, "waiting requests that count as load 1.0"),
-    Option("degrade_queue_seconds", float, 2.0, "queue-time p90 that counts as load 1.0"),
-    Option("degrade_ttft_seconds", float, 5.0, "time-to-first-token p90 that counts as load 1.0"),
-    Option("degrade_error_rate", float, 0.2, "error rate that counts as load 1.0"),
-    Option("degrade_cooldown_seconds", float, 10.0, "calm time before stepping down one degradation level"),
-    Option("degrade_max_tokens", int, 256, "max_tokens clamp from level 2"),
-    Option("degrade_max_prompt_tokens", int, 2048, "longest prompt accepted from level 2"),
-    Option("canned_reply", str, DEFAULT_CANNED_REPLY, "reply text at level 3 when no cached reply exists"),
-    Option("shed_priority", int, 0, "at level 4, requests with priority >= this are shed (lower runs first)"),
+    Option("max_queued_requests", int, "waiting requests beyond which new ones get a fast 503; 0 = no bound"),
+    Option("max_queued_tokens", int, "waiting prompt tokens beyond which new requests get a 503; 0 = no bound"),
+    Option("max_queue_seconds", float, "a request still queued after this is dropped unrun (503); 0 = no limit"),
+    Option("degrade_thresholds", str, "load scores entering degradation levels 1-4; `off` disables"),
+    Option("degrade_queue_depth", int, "waiting requests that count as load 1.0"),
+    Option("degrade_queue_seconds", float, "queue-time p90 that counts as load 1.0"),
+    Option("degrade_ttft_seconds", float, "time-to-first-token p90 that counts as load 1.0"),
+    Option("degrade_error_rate", float, "error rate that counts as load 1.0"),
+    Option("degrade_cooldown_seconds", float, "calm time before stepping down one degradation level"),
+    Option("degrade_max_tokens", int, "max_tokens clamp from level 2"),
+    Option("degrade_max_prompt_tokens", int, "longest prompt accepted from level 2"),
+    Option("canned_reply", str, "reply text at level 3 when no cached reply exists"),
+    Option("shed_priority", int, "at level 4, requests with priority >= this are shed (lower runs first)"),
 )
 
 

@@ -101,6 +101,6 @@ def build_admission(degradation: DegradationConfig, config: AdmissionConfig, eng
     return Admission(
         config,
         degrader,
-        queue=lambda: (core.num_waiting, core.scheduler.num_waiting_tokens),
+        queue=lambda: (core.num_waiting, core.num_waiting_tokens),
         retry_after=lambda: engine.load_snapshot().queue_time_p90,
     )

@@ -1,20 +1,26 @@
-"""Request bodies parsed as JSON whatever their Content-Type.
+"""Request bodies parsed as JSON whatever their Content-Type, and documented in the OpenAPI schema.
 
 `curl -d '{...}'` sends `application/x-www-form-urlencoded`, and FastAPI would then not read
 the JSON at all; OpenAI's API documents JSON bodies only, so the body is always JSON here.
 Parsing with pydantic's own JSON parser also skips a `json.loads` pass.
+
+Because the body is read by a dependency rather than declared as a body parameter, FastAPI
+does not see it; `documented_body` puts the model's JSON schema into the route's OpenAPI
+operation, so `/openapi.json` (and schemathesis, and client generators) know what to send.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+
+_DEFS_PREFIX = "#/$defs/"
 
 
 def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
@@ -27,3 +33,31 @@ def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
             raise RequestValidationError(exc.errors(include_url=False)) from None
 
     return parse
+
+
+def documented_body(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` for a route that reads `model` with `json_body`: its required JSON body.
+
+    The schema is inlined (no `$ref`): pydantic's `$defs` would point into the schema itself,
+    which an OpenAPI document cannot resolve. Our request models are not recursive.
+    """
+    schema = model.model_json_schema(mode="validation")
+    defs = schema.pop("$defs", {})
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _inline(schema, defs)}},
+        }
+    }
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith(_DEFS_PREFIX):
+        rest = {key: value for key, value in node.items() if key != "$ref"}
+        return {**_inline(defs[ref.removeprefix(_DEFS_PREFIX)], defs), **_inline(rest, defs)}
+    return {key: _inline(value, defs) for key, value in node.items()}

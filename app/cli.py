@@ -1,17 +1,26 @@
-"""The `surge` command: `surge serve [...]` and `surge build-tiny --size s|m|l --out DIR`."""
+"""The `surge` command: `surge serve [...]`, `surge build-tiny --size s|m|l --out DIR`, `surge loadtest [...]`."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from app.logs import configure_logging
-from app.settings import add_serve_arguments, settings_from_namespace
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["loadtest"]:
+        # Forwarded whole: the load tester owns its flags and --help. It runs before app.settings
+        # is imported, so a load client never pays for importing torch.
+        from app.loadtest import main as loadtest
+
+        return loadtest(args_list[1:])
+    from app.settings import add_serve_arguments, settings_from_namespace
+
     parser = argparse.ArgumentParser(prog="surge", description="OpenAI-compatible LLM inference server")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over the OpenAI API")
@@ -20,7 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     build.add_argument("--size", choices=("s", "m", "l"), default="s")
     build.add_argument("--arch", choices=("llama", "qwen2", "mistral", "gpt2"), default="llama")
     build.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
+    commands.add_parser("loadtest", help="load-test a running server (surge loadtest --help)")
+    args = parser.parse_args(args_list)
 
     if args.command == "build-tiny":
         from models.tiny import build_tiny

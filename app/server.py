@@ -8,6 +8,7 @@ engine is warm. If loading fails the server exits non-zero rather than serving n
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from starlette.middleware.cors import CORSMiddleware
 from app.admission import build_admission
 from app.dedup import DedupCache
 from app.errors import install_error_handlers
+from app.logs import configure_logging
 from app.metrics import install_metrics
 from app.routes import router
 from app.settings import Settings
@@ -45,7 +47,9 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
 
     async def load() -> None:
         try:
-            state.engine = await AsyncEngine.start(settings.engine, observer=engine_metrics)
+            # The engine process logs like this one (same level, format and stream).
+            init = functools.partial(configure_logging, settings.log_level, settings.log_format)
+            state.engine = await AsyncEngine.start(settings.engine, observer=engine_metrics, process_init=init)
             state.admission = build_admission(settings.degradation, settings.admission, state.engine)
             log.info("ready: serving %s as %r", settings.model, settings.model_name)
         except Exception as exc:

@@ -69,6 +69,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("api_key", str, "accepted Bearer key (repeatable); none = no auth", multiple=True),
     Option("cors_origin", str, "allowed CORS origin (repeatable, `*` for any)", multiple=True),
     Option("num_threads", int, "torch CPU threads; 1 avoids contention with the event loop, 0 = torch default"),
+    Option(
+        "engine_mode",
+        str,
+        "`process`: the engine runs in a child process, beside the HTTP server rather than sharing its GIL;"
+        " `thread`: on a thread of the server's process",
+        choices=("process", "thread"),
+    ),
     Option("max_body_bytes", int, "largest accepted request body (413 beyond)"),
     Option("keepalive_seconds", float, "SSE keep-alive comment interval while a stream is silent"),
     Option("log_level", str, "log level", choices=("debug", "info", "warning", "error")),
@@ -127,6 +134,7 @@ class Settings:
     api_key: tuple[str, ...] = ()
     cors_origin: tuple[str, ...] = ()
     num_threads: int = 1
+    engine_mode: str = "process"
     max_body_bytes: int = 8 * 1024 * 1024
     keepalive_seconds: float = 5.0
     log_level: str = "info"
@@ -184,6 +192,7 @@ class Settings:
             scheduler=SchedulerConfig(
                 self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len, self.max_queue_seconds
             ),
+            separate_process=self.engine_mode == "process",
         )
         object.__setattr__(self, "engine", engine)
         thresholds = self.degrade_thresholds.strip().lower()

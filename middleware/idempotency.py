@@ -6,7 +6,7 @@ the stored response byte for byte (status, headers, body, streams included) plus
 `Idempotent-Replayed: true`; a retry while it runs gets 409 `idempotency_key_in_use` with
 `Retry-After: 1` (the openai SDK retries 409 by itself); the same key with a different body
 or endpoint gets 422 `idempotency_key_reused`. Keys are scoped per API key and are 1-255
-characters (400 otherwise). Where the keys live is the store's business
+printable ASCII characters (400 otherwise). Where the keys live is the store's business
 (`middleware/idempotency_store.py`); this module must not know the engine or the routes.
 
 What is stored: a response that completed (the app sent its last body message and the client
@@ -98,7 +98,7 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         key = raw_key.decode("latin-1").strip()
-        if not key or len(key) > MAX_KEY_LENGTH:
+        if not _is_valid_key(key):
             await _invalid_key(send)
             return
         body = await _read_body(receive)
@@ -242,6 +242,12 @@ def _fingerprint(path: str, body: bytes) -> str:
     return hashlib.sha256(path.encode() + b"\n" + canonical).hexdigest()
 
 
+def _is_valid_key(key: str) -> bool:
+    """1-255 printable ASCII characters (the IETF draft's sf-string alphabet): no control
+    characters, and no bytes past ASCII, whose meaning depends on the client's encoding."""
+    return 0 < len(key) <= MAX_KEY_LENGTH and key.isascii() and key.isprintable()
+
+
 def _header(scope: Scope, wanted: bytes) -> bytes | None:
     for name, value in scope["headers"]:
         if name == wanted:
@@ -272,7 +278,7 @@ def _retry_after() -> list[tuple[str, str]]:
 
 
 async def _invalid_key(send: Send) -> None:
-    message = f"The Idempotency-Key header must be 1 to {MAX_KEY_LENGTH} characters long."
+    message = f"The Idempotency-Key header must be 1 to {MAX_KEY_LENGTH} printable ASCII characters."
     await send_error(send, 400, error_json(message, type="invalid_request_error", code="invalid_idempotency_key"))
 
 

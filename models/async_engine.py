@@ -1,8 +1,9 @@
 """The asyncio face of the engine: submit a request, iterate its outputs, abort on exit.
 
-The event loop never touches torch: it only puts requests into the engine's inbox and takes
-outputs from per-request queues. The engine thread publishes each step's outputs with one
-`call_soon_threadsafe`, not one per request.
+The event loop never touches torch: it only hands requests to the engine and takes outputs
+from per-request queues. The engine runs in a child process by default (models/engine_client.py:
+its outputs are read on the event loop when the pipe is readable) or on a thread of this
+process (`separate_process=False`: each step's outputs come with one `call_soon_threadsafe`).
 
 Use a request as an async context manager: leaving the block before the request finished
 (client gone, task cancelled, exception) aborts it in the engine, so its slot or queue
@@ -13,16 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import sys
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
+from typing import Protocol
 
 from models.config import EngineConfig
 from models.engine import EngineCore
+from models.engine_client import EngineProcess
 from models.load_stats import LoadSnapshot
-from models.loader import LoadedModel, load_model
+from models.loader import load_model, resolve_max_model_len
 from models.observer import EngineObserver
 from models.outputs import EngineDeadError, RequestOutput
 from models.sampling_params import SamplingParams
@@ -55,19 +58,6 @@ else:  # pragma: no cover - Python 3.10
                 self._handle.cancel()
             if self._expired and exc_type is asyncio.CancelledError:
                 raise TimeoutError
-
-
-# For models whose config states no context length (rare).
-DEFAULT_MAX_MODEL_LEN = 2048
-
-
-def resolve_max_model_len(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:
-    """Fill in max_model_len from the model when it was left at 0; never exceed the model's."""
-    model_max = loaded.max_position_embeddings or DEFAULT_MAX_MODEL_LEN
-    wanted = config.scheduler.max_model_len or model_max
-    if wanted > model_max:
-        raise ValueError(f"max_model_len {wanted} is larger than the model's limit {model_max}")
-    return replace(config, scheduler=replace(config.scheduler, max_model_len=wanted))
 
 
 class RequestGroup:
@@ -136,34 +126,84 @@ class RequestGroup:
                 yield output
 
 
+class EngineHandle(Protocol):
+    """What the server needs of an engine: an `EngineCore` on a thread of this process, or an
+    `EngineProcess` standing for one in a child process."""
+
+    @property
+    def dead(self) -> BaseException | None: ...
+    @property
+    def is_warm(self) -> bool: ...
+    @property
+    def is_alive(self) -> bool: ...
+    @property
+    def num_waiting(self) -> int: ...
+    @property
+    def num_waiting_tokens(self) -> int: ...
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def kv_usage(self) -> float: ...
+    @property
+    def num_aborted(self) -> int: ...
+    @property
+    def num_steps(self) -> int: ...
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None: ...
+    def abort_request(self, request_id: str) -> None: ...
+    def stop(self, timeout: float = 10.0) -> None: ...
+    def load_snapshot(self) -> LoadSnapshot: ...
+
+
 class AsyncEngine:
     def __init__(
-        self,
-        loaded: LoadedModel,
-        config: EngineConfig,
-        loop: asyncio.AbstractEventLoop,
-        observer: EngineObserver | None = None,
+        self, core: EngineHandle, tokenizer: Tokenizer, config: EngineConfig, groups: dict[str, RequestGroup]
     ) -> None:
-        self._loop = loop
-        self._groups: dict[str, RequestGroup] = {}
-        self.core = EngineCore(loaded, config.scheduler, self._publish_threadsafe, observer=observer)
-        self.tokenizer: Tokenizer = loaded.tokenizer
+        self.core = core
+        self.tokenizer = tokenizer
         self.config = config
+        self._groups = groups  # request id -> its group; shared with the publish callback
         self._ids = itertools.count()
 
     @classmethod
-    async def start(cls, config: EngineConfig, observer: EngineObserver | None = None) -> AsyncEngine:
-        """Load the model off the event loop, start the engine thread and wait for warmup."""
+    async def start(
+        cls,
+        config: EngineConfig,
+        observer: EngineObserver | None = None,
+        process_init: Callable[[], None] | None = None,
+    ) -> AsyncEngine:
+        """Start the engine (in a child process or on a thread, per `config.separate_process`)
+        and wait until it is warm. `process_init` runs first in a child process (logging)."""
         loop = asyncio.get_running_loop()
+        groups: dict[str, RequestGroup] = {}
+        dispatch = functools.partial(_dispatch, groups)
+        if config.separate_process:
+            process = EngineProcess(config, dispatch, observer, loop, process_init)
+            tokenizer = await process.wait_started()
+            return cls(process, tokenizer, process.engine_config, groups)
         loaded = await asyncio.to_thread(load_model, config.model)
         config = resolve_max_model_len(config, loaded)
-        engine = cls(loaded, config, loop, observer)
-        engine.core.start()
-        while not engine.core.is_warm:
-            if engine.core.dead is not None:
-                raise EngineDeadError(f"warmup failed: {engine.core.dead!r}")
+
+        def publish_threadsafe(outputs: list[RequestOutput]) -> None:
+            # One hop per step, not per request. A closed loop raises RuntimeError: nobody listens.
+            if outputs:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(dispatch, outputs)
+
+        core = EngineCore(loaded, config.scheduler, publish_threadsafe, observer=observer)
+        core.start()
+        while not core.is_warm:
+            if core.dead is not None:
+                raise EngineDeadError(f"warmup failed: {core.dead!r}")
             await asyncio.sleep(0.02)
-        return engine
+        return cls(core, loaded.tokenizer, config, groups)
 
     def stop(self) -> None:
         self.core.stop()
@@ -198,15 +238,10 @@ class AsyncEngine:
     def load_snapshot(self) -> LoadSnapshot:
         return self.core.load_snapshot()
 
-    def _publish_threadsafe(self, outputs: list[RequestOutput]) -> None:
-        # A closed event loop raises RuntimeError: nobody is listening any more.
-        if outputs:
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._dispatch, outputs)
 
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        groups = self._groups
-        for output in outputs:
-            group = groups.get(output.request_id)
-            if group is not None:
-                group.put(output)
+def _dispatch(groups: dict[str, RequestGroup], outputs: list[RequestOutput]) -> None:
+    """On the event loop: hand each output to its request's group."""
+    for output in outputs:
+        group = groups.get(output.request_id)
+        if group is not None:
+            group.put(output)

@@ -56,3 +56,6 @@ class ModelConfig:
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # The engine in a child process (its Python does not share the server's GIL), or on a
+    # thread of the server's process (tests that reach into the engine; debugging).
+    separate_process: bool = True

@@ -56,10 +56,14 @@ class EngineCore:
         publish: Publish,
         clock: Callable[[], float] = time.monotonic,
         observer: EngineObserver | None = None,
+        on_iteration: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
         self.observer = observer  # metrics; None costs nothing
+        # Called on the engine thread after warmup and after every loop iteration (inbox drained,
+        # step run): the engine process ships that iteration's outputs and figures from here.
+        self._on_iteration = on_iteration
         self.load_stats = LoadStats(clock=clock)
         # Waiting requests in arrival order, for the queue deadline (the scheduler's queue is
         # in priority order). Entries of requests already running or gone are skipped lazily.
@@ -85,11 +89,18 @@ class EngineCore:
     # --- called from any thread -------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
     ) -> None:
+        """`arrival_time` (engine clock): when the request arrived, if earlier than now."""
         if self.dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
-        seq = Sequence(request_id, list(prompt_token_ids), params, priority, arrival_time=self.clock())
+        arrived = self.clock() if arrival_time is None else arrival_time
+        seq = Sequence(request_id, list(prompt_token_ids), params, priority, arrival_time=arrived)
         generator = make_generator(params.seed, self.runner.device) if params.seed is not None else None
         detokenizer = IncrementalDetokenizer(self.tokenizer.decode, seq.prompt_token_ids, params.stop)
         self._inbox.put(_Request(seq, detokenizer, SamplingRow(params, generator, seq.output_token_ids)))
@@ -98,7 +109,8 @@ class EngineCore:
         self._inbox.put(request_id)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="surge-engine", daemon=True)
+        """Run the loop on a background thread of this process."""
+        self._thread = threading.Thread(target=self.run, name="surge-engine", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -108,7 +120,9 @@ class EngineCore:
 
     @property
     def is_alive(self) -> bool:
-        return self.dead is None and self._thread is not None and self._thread.is_alive()
+        if self._thread is None:  # run() on the caller's thread (the engine process)
+            return self.dead is None
+        return self.dead is None and self._thread.is_alive()
 
     @property
     def num_waiting(self) -> int:
@@ -132,15 +146,25 @@ class EngineCore:
     def num_running(self) -> int:
         return self.scheduler.num_running
 
+    @property
+    def num_waiting_tokens(self) -> int:
+        return self.scheduler.num_waiting_tokens
+
     # --- the engine thread --------------------------------------------------------------
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Warm up, then serve until stopped or dead; returns when the loop ends."""
+        on_iteration = self._on_iteration
         try:
             self._warmup()
             self.is_warm = True
+            if on_iteration is not None:
+                on_iteration()
             while self._drain_inbox(block=not self.scheduler.has_work):
                 if self.scheduler.has_work:
                     self.step()
+                if on_iteration is not None:
+                    on_iteration()
         except BaseException as exc:  # the loop must never die silently
             log.exception("engine loop died")
             self.dead = exc

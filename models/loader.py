@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from models.config import ModelConfig
+from models.config import EngineConfig, ModelConfig
 from models.echo import ECHO_MODEL
 from models.tokenizer import Tokenizer
 
@@ -99,6 +99,33 @@ def load_echo() -> LoadedModel:
     eos = [tiny.IM_END_ID, tiny.ENDOFTEXT_ID]
     log.info("loaded the echo model (no weights) in %.1f s", time.perf_counter() - started)
     return LoadedModel(None, Tokenizer(hf_tokenizer, eos), ECHO_MODEL, tiny.MAX_POSITION_EMBEDDINGS, tiny.VOCAB_SIZE)
+
+
+def load_tokenizer(config: ModelConfig, path: str, eos_token_ids: list[int]) -> Tokenizer:
+    """The tokenizer alone, for the server side of an engine process that holds the weights.
+
+    `path` and `eos_token_ids` come from the engine process, which resolved the model (built
+    the embedded one, read the generation config), so both sides agree.
+    """
+    if config.model == ECHO_MODEL:
+        from models import tiny
+
+        return Tokenizer(tiny.build_tokenizer(), eos_token_ids)
+    hf_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+    return Tokenizer(hf_tokenizer, eos_token_ids)
+
+
+# For models whose config states no context length (rare).
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+def resolve_max_model_len(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:
+    """Fill in max_model_len from the model when it was left at 0; never exceed the model's."""
+    model_max = loaded.max_position_embeddings or DEFAULT_MAX_MODEL_LEN
+    wanted = config.scheduler.max_model_len or model_max
+    if wanted > model_max:
+        raise ValueError(f"max_model_len {wanted} is larger than the model's limit {model_max}")
+    return replace(config, scheduler=replace(config.scheduler, max_model_len=wanted))
 
 
 def _eos_ids(model: PreTrainedModel) -> list[int]:

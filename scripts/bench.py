@@ -234,11 +234,20 @@ class ServerProcess:
         raise RuntimeError(f"{self.name} not ready within {self.startup_timeout_s:.0f} s (log: {self.log_path})")
 
     def peak_rss_mib(self) -> float | None:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{self.proc.pid if self.proc else 0}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB -> MiB
-        return None
+        """The server's peak RSS: the sum of each of its processes' peaks (surge's engine runs in
+        a child process; children are read while the server runs)."""
+        if self.proc is None:
+            return None
+        total_kib, pids = 0, [self.proc.pid]
+        while pids:
+            pid = pids.pop()
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        total_kib += int(line.split()[1])
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    pids += [int(child) for child in (task / "children").read_text().split()]
+        return total_kib / 1024 if total_kib else None
 
     def stats(self) -> dict[str, Any]:
         return {key: value for sidecar in self.sidecars for key, value in sidecar.stats().items()}

@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
-from app.body import json_body
+from app.body import documented_body, json_body
 from app.errors import invalid_request
 from app.generation import (
     ChoiceResult,
     ClientDisconnected,
     chat_logprobs_json,
     check_model,
+    check_text_fits,
     collect,
     finish_reason_text,
     sampling_params,
@@ -30,7 +31,7 @@ from models.async_engine import AsyncEngine
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post("/v1/chat/completions", response_model=None, openapi_extra=documented_body(ChatCompletionRequest))
 async def create_chat_completion(
     request: Request,
     body: ChatCompletionRequest = Depends(json_body(ChatCompletionRequest)),
@@ -38,6 +39,7 @@ async def create_chat_completion(
     engine: AsyncEngine = Depends(get_engine),
 ) -> Response:
     check_model(state.settings, body.model)
+    check_text_fits(engine, [message.text for message in body.messages], "messages")
     try:
         prompt = engine.tokenizer.encode_chat(body.template_messages())
     except Exception as exc:  # a template that rejects the conversation (e.g. role order)

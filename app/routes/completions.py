@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator, Sequence
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
-from app.body import json_body
+from app.body import documented_body, json_body
 from app.errors import invalid_request
 from app.generation import (
     ChoiceResult,
     ClientDisconnected,
     check_model,
+    check_text_fits,
     collect,
     finish_reason_text,
     sampling_params,
@@ -31,7 +32,7 @@ from models.tokenizer import Tokenizer
 router = APIRouter()
 
 
-@router.post("/v1/completions", response_model=None)
+@router.post("/v1/completions", response_model=None, openapi_extra=documented_body(CompletionRequest))
 async def create_completion(
     request: Request,
     body: CompletionRequest = Depends(json_body(CompletionRequest)),
@@ -41,8 +42,13 @@ async def create_completion(
     check_model(state.settings, body.model)
     vocab_size = engine.tokenizer.vocab_size
     prompts: list[list[int]] = []
-    for item in body.prompt_inputs():
+    inputs = body.prompt_inputs()
+    for index, item in enumerate(inputs):
+        if isinstance(item, str):
+            check_text_fits(engine, [item], "prompt")  # each prompt is a sequence of its own
         ids = engine.tokenizer.encode(item) if isinstance(item, str) else list(item)
+        if not ids:  # every prompt, not only the longest: the engine cannot start a sequence from nothing
+            raise invalid_request(("The prompt" if len(inputs) == 1 else f"Prompt {index}") + " is empty.", "prompt")
         if any(token_id >= vocab_size for token_id in ids):
             raise invalid_request(f"The prompt has a token id outside the vocabulary (size {vocab_size}).", "prompt")
         prompts.append(ids)

@@ -1,4 +1,4 @@
-"""GET /health (the process is alive), /ready (model loaded, warm, loop alive), /v1/models."""
+"""GET /health (the process and its engine are alive), /ready (model loaded, warm, loop alive), /v1/models."""
 
 from __future__ import annotations
 
@@ -16,8 +16,13 @@ _STARTED = int(time.time())
 
 
 @router.get("/health")
-async def health() -> Response:
-    # Liveness only: a loading model or a busy engine must not get the pod restarted.
+async def health(state: ServerState = Depends(get_state)) -> Response:
+    # Liveness: a loading model or a busy engine must not get the pod restarted, but an engine
+    # that died (its process killed, its loop crashed) never comes back in this process: a
+    # restart is the cure, as with vLLM's /health.
+    engine = state.engine
+    if engine is not None and engine.core.dead is not None:
+        return JSONResponse({"status": "engine dead", "reason": str(engine.core.dead)}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 

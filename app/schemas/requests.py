@@ -30,6 +30,8 @@ from models.sampling_params import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingP
 # Each choice is a full sequence in the batch; a cap keeps one request from filling it.
 MAX_CHOICES = 16
 MAX_LOGIT_BIAS = 100.0
+# Longer logit_bias keys are no token id of any vocabulary (and past 4300 digits int() refuses them).
+MAX_TOKEN_ID_DIGITS = 20
 # torch.Generator.manual_seed accepts exactly this range; outside it the engine would fail.
 MIN_SEED = -(2**63)
 MAX_SEED = 2**64 - 1
@@ -40,7 +42,9 @@ TokenId = Annotated[int, Field(ge=0)]
 
 
 class RequestModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # NaN and infinities (Python's json and pydantic read the `NaN` / `Infinity` literals) are
+    # rejected as "not a finite number" rather than slipping past a range check or meaning "off".
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -116,8 +120,9 @@ class SamplingRequest(RequestModel):
     @classmethod
     def _check_logit_bias(cls, value: dict[str, float] | None) -> Any:
         for key, bias in (value or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            # ASCII digits only: str.isdigit() is also true for "²" and other digits int() rejects.
+            if not (key.isascii() and key.isdigit()) or len(key) > MAX_TOKEN_ID_DIGITS:
+                raise ValueError(f"logit_bias keys must be token ids, got {key[:MAX_TOKEN_ID_DIGITS]!r}")
             if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 raise ValueError(f"logit_bias for token {key} must be between -100 and 100, got {bias}")
         return value

@@ -52,7 +52,14 @@ def wait_ready(base_url: str, timeout: float = 60.0) -> None:
 
 @contextmanager
 def running_server(model: Path | str, **settings: object) -> Iterator[LiveServer]:
-    """`model`: a model directory, or a name `--model` takes (`echo`)."""
+    """`model`: a model directory, or a name `--model` takes (`echo`).
+
+    The engine runs on a thread here unless `engine_mode="process"` is passed: many tests reach
+    into it (its counters, a failing forward pass). The process mode has its own tests
+    (tests/models/test_engine_process.py, tests/app/test_engine_process_http.py) and is what
+    `surge serve` subprocess tests run.
+    """
+    settings.setdefault("engine_mode", "thread")
     app = create_app(Settings(model=str(model), served_model_name=MODEL_NAME, **settings))  # type: ignore[arg-type]
     with serve_app(app) as base_url:
         wait_ready(base_url)

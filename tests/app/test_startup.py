@@ -23,7 +23,11 @@ def test_ready_is_503_until_warmup_is_done(tiny_model_dir: Path, monkeypatch: py
         warmup(self)
 
     monkeypatch.setattr(EngineCore, "_warmup", held_warmup)
-    app = create_app(Settings(model=str(tiny_model_dir), served_model_name="m", max_num_seqs=2, max_model_len=128))
+    # On a thread: the held warmup is patched into this process.
+    settings = Settings(
+        model=str(tiny_model_dir), served_model_name="m", max_num_seqs=2, max_model_len=128, engine_mode="thread"
+    )
+    app = create_app(settings)
     with serve_app(app) as url:
         assert httpx.get(f"{url}/health").status_code == 200
         ready = httpx.get(f"{url}/ready")

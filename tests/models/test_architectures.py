@@ -61,6 +61,7 @@ async def test_engine_matches_generate(arch_dir: Path) -> None:
     config = EngineConfig(
         ModelConfig(str(arch_dir), device="cpu"),
         SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=24, max_model_len=256),
+        separate_process=False,  # one start per architecture: no child process to spawn
     )
     engine = await AsyncEngine.start(config)
     try:

@@ -18,7 +18,11 @@ from models.sequence import FinishReason
 
 @pytest.fixture
 async def engine() -> AsyncIterator[AsyncEngine]:
-    config = EngineConfig(ModelConfig("echo", device="cpu"), SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64))
+    config = EngineConfig(
+        ModelConfig("echo", device="cpu"),
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64),
+        separate_process=False,
+    )
     engine = await AsyncEngine.start(config)
     yield engine
     engine.stop()

@@ -26,7 +26,9 @@ async def make_engine(tiny_model_dir: Path) -> AsyncIterator[EngineFactory]:
 
     async def make(**scheduler: int) -> AsyncEngine:
         scheduler.setdefault("max_model_len", 512)
-        config = EngineConfig(ModelConfig(str(tiny_model_dir), device="cpu"), SchedulerConfig(**scheduler))
+        config = EngineConfig(
+            ModelConfig(str(tiny_model_dir), device="cpu"), SchedulerConfig(**scheduler), separate_process=False
+        )
         engine = await AsyncEngine.start(config)
         engines.append(engine)
         return engine
@@ -297,7 +299,9 @@ class RecordingObserver:
 
 async def test_observer_sees_steps_tokens_and_finishes_but_not_warmup(tiny_model_dir: Path) -> None:
     observer = RecordingObserver()
-    config = EngineConfig(ModelConfig(str(tiny_model_dir), device="cpu"), SchedulerConfig(max_model_len=512))
+    config = EngineConfig(
+        ModelConfig(str(tiny_model_dir), device="cpu"), SchedulerConfig(max_model_len=512), separate_process=False
+    )
     engine = await AsyncEngine.start(config, observer=observer)
     try:
         assert not observer.num_seqs  # warmup is not load

@@ -1,0 +1,304 @@
+"""The server's side of an engine process (models/engine_process.py has the child's side).
+
+`EngineProcess` stands where an in-process `EngineCore` would: requests and aborts go down a
+pipe; outputs, observer events and the engine's figures come back, read on the event loop
+when the pipe is readable (`loop.add_reader`: no thread, no hand-off). Figures the server
+asks for on every request (waiting, running, KV use) are the engine's last report plus what
+was sent since; load windows (queue time, TTFT, error rate) are kept here, fed by the same
+events the metrics get.
+
+If the child dies (OOM kill, crash, its loop died), every request still open gets an error
+output and `dead` says why; /ready turns 503 and the process supervisor (Kubernetes) restarts
+the pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from models.config import EngineConfig, SchedulerConfig
+from models.engine_process import (
+    ABORT,
+    ADD,
+    DEAD,
+    EV_ADMITTED,
+    EV_FINISH,
+    EV_FIRST_TOKEN,
+    EV_GAPS,
+    EV_STEP,
+    FAILED,
+    LOADED,
+    STEP,
+    STOP,
+    Stats,
+    output_from_wire,
+    serve_engine,
+)
+from models.load_stats import LoadSnapshot, LoadStats
+from models.loader import load_tokenizer
+from models.observer import EngineObserver
+from models.outputs import EngineDeadError, RequestOutput
+from models.sampling_params import SamplingParams
+from models.sequence import FinishReason
+from models.tokenizer import Tokenizer
+
+log = logging.getLogger("surge.engine")
+
+Publish = Callable[[list[RequestOutput]], None]
+
+_IDLE_STATS: Stats = (False, 0, 0, 0, 0.0, 0, 0, 0)
+
+
+class EngineProcess:
+    """An engine running in a child process, seen from the event loop."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        publish: Publish,
+        observer: EngineObserver | None,
+        loop: asyncio.AbstractEventLoop,
+        init: Callable[[], None] | None = None,
+    ) -> None:
+        self.engine_config = config  # max_model_len resolved once the child reports it
+        self._publish = publish
+        self._observer = observer
+        self._loop = loop
+        self.load_stats = LoadStats()
+        self.dead: BaseException | None = None
+        self._stats = _IDLE_STATS
+        self._num_sent = 0
+        self._open: set[str] = set()  # sent and not finished nor aborted
+        self._send_lock = threading.Lock()  # stop() runs on a worker thread
+        self._stopping = False
+        self._loaded: asyncio.Future[tuple[Any, ...]] = loop.create_future()
+        self._warm = asyncio.Event()
+        # Unsent requests are of no use to a child that died: one-way pipes, the child's ends
+        # closed here after the start so EOF reaches us when it exits.
+        ctx = multiprocessing.get_context("spawn")
+        requests_out, requests_in = ctx.Pipe(duplex=False)
+        messages_in, messages_out = ctx.Pipe(duplex=False)
+        self._requests: Connection = requests_in
+        self._messages: Connection = messages_in
+        self._process = ctx.Process(
+            target=serve_engine,
+            args=(config, requests_out, messages_out, init),
+            name="surge-engine",
+            daemon=True,
+        )
+        self._process.start()
+        requests_out.close()
+        messages_out.close()
+        loop.add_reader(self._messages.fileno(), self._on_readable)
+
+    # --- start-up -------------------------------------------------------------------------
+
+    async def wait_started(self) -> Tokenizer:
+        """Wait for the model to load (raise if it failed), load the tokenizer, wait for warmup."""
+        try:
+            loaded = await self._loaded
+            _, path, _max_pos, _vocab_size, eos_token_ids, max_model_len = loaded
+            scheduler = replace(self.engine_config.scheduler, max_model_len=max_model_len)
+            self.engine_config = replace(self.engine_config, scheduler=scheduler)
+            # The tokenizer loads here while the child warms up.
+            tokenizer = await asyncio.to_thread(load_tokenizer, self.engine_config.model, path, eos_token_ids)
+            await self._warm.wait()
+            if self.dead is not None:
+                raise EngineDeadError(f"warmup failed: {self.dead}")
+            return tokenizer
+        except BaseException:
+            await asyncio.to_thread(self.stop, 2.0)
+            raise
+
+    # --- what the server calls (on the event loop) -------------------------------------------
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return self.engine_config.scheduler
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine has stopped: {self.dead}")
+        arrived = time.monotonic() if arrival_time is None else arrival_time  # one clock for both processes
+        self._send((ADD, request_id, prompt_token_ids, params, priority, arrived))
+        self._num_sent += 1
+        self._open.add(request_id)
+
+    def abort_request(self, request_id: str) -> None:
+        self._open.discard(request_id)
+        if self.dead is None:
+            self._send((ABORT, request_id))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the child to stop (it fails what is still open), wait for it, then make sure."""
+        self._stopping = True
+        with contextlib.suppress(OSError, ValueError):
+            self._send((STOP,))
+        self._process.join(timeout)
+        if self._process.is_alive():
+            log.warning("the engine process did not stop in %.0f s; killing it", timeout)
+            self._process.kill()
+            self._process.join(5)
+        with contextlib.suppress(OSError):
+            self._requests.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def is_warm(self) -> bool:
+        return self._stats[0]
+
+    @property
+    def is_alive(self) -> bool:
+        return self.dead is None and not self._stopping
+
+    @property
+    def num_waiting(self) -> int:
+        # The child's queue and inbox as of its last report, plus requests sent since.
+        stats = self._stats
+        return stats[1] + max(0, self._num_sent - stats[7])
+
+    @property
+    def num_waiting_tokens(self) -> int:
+        return self._stats[2]
+
+    @property
+    def num_running(self) -> int:
+        return self._stats[3]
+
+    @property
+    def kv_usage(self) -> float:
+        return self._stats[4]
+
+    @property
+    def num_aborted(self) -> int:
+        return self._stats[5]
+
+    @property
+    def num_steps(self) -> int:
+        return self._stats[6]
+
+    def load_snapshot(self) -> LoadSnapshot:
+        queue_time_p90, ttft_p90, error_rate = self.load_stats.window()
+        return LoadSnapshot(
+            num_waiting=self.num_waiting,
+            num_running=self.num_running,
+            max_num_seqs=self.engine_config.scheduler.max_num_seqs,
+            queue_time_p90=queue_time_p90,
+            ttft_p90=ttft_p90,
+            error_rate=error_rate,
+            kv_usage=self.kv_usage,
+            num_waiting_tokens=self.num_waiting_tokens,
+        )
+
+    # --- the pipe -----------------------------------------------------------------------------
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        with self._send_lock:
+            self._requests.send(message)
+
+    def _on_readable(self) -> None:
+        messages = self._messages
+        try:
+            while True:
+                self._handle(messages.recv())
+                if not messages.poll():
+                    return
+        except (EOFError, OSError):
+            self._on_exit()
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == STEP:
+            _, outputs, events, stats = message
+            self._stats = stats
+            if events:
+                self._replay(events)
+            if outputs:
+                open_ids = self._open
+                for w in outputs:
+                    if w[6] is not None:
+                        open_ids.discard(w[0])
+                self._publish([output_from_wire(w) for w in outputs])
+            if stats[0] and not self._warm.is_set():
+                self._warm.set()
+        elif kind == LOADED:
+            if not self._loaded.done():
+                self._loaded.set_result(message)
+        elif kind == FAILED:
+            self._die(EngineDeadError(f"could not load the model: {message[1]}"))
+        elif kind == DEAD:
+            self._die(EngineDeadError(message[1]))
+
+    def _replay(self, events: list[tuple[Any, ...]]) -> None:
+        observer, stats = self._observer, self.load_stats
+        for event in events:
+            kind = event[0]
+            if kind == EV_GAPS:
+                if observer is not None:
+                    observer.on_token_gaps(event[1])
+            elif kind == EV_STEP:
+                if observer is not None:
+                    observer.on_step(event[1], event[2], event[3])
+            elif kind == EV_FIRST_TOKEN:
+                stats.record_ttft(event[1])
+                if observer is not None:
+                    observer.on_first_token(event[1])
+            elif kind == EV_ADMITTED:
+                stats.record_queue_time(event[1])
+                if observer is not None:
+                    observer.on_admitted(event[1])
+            elif kind == EV_FINISH:
+                reason = FinishReason(event[1])
+                stats.record_finish(is_error=reason is FinishReason.ERROR)
+                if observer is not None:
+                    observer.on_finish(reason, event[2])
+
+    def _on_exit(self) -> None:
+        with contextlib.suppress(Exception):
+            self._loop.remove_reader(self._messages.fileno())
+        with contextlib.suppress(OSError):
+            self._messages.close()
+        if self._stopping:
+            self._die(EngineDeadError("the server is shutting down"), quiet=True)
+        else:
+            self._process.join(1)
+            self._die(EngineDeadError(f"the engine process exited (exit code {self._process.exitcode})"))
+
+    def _die(self, error: EngineDeadError, quiet: bool = False) -> None:
+        if self.dead is None:
+            self.dead = error
+            if not quiet:
+                log.error("%s", error)
+        if not self._loaded.done():
+            self._loaded.set_exception(error)
+        self._warm.set()
+        stats = self._stats  # a dead engine runs and holds nothing
+        self._stats = (stats[0], 0, 0, 0, 0.0, stats[5], stats[6], stats[7])
+        self._num_sent = stats[7]
+        # Requests the child never answered (in the pipe, or open when it died) end with the error.
+        if self._open:
+            message = str(error)
+            failed = [
+                RequestOutput(request_id, "", [], 0, 0, [], FinishReason.ERROR, message) for request_id in self._open
+            ]
+            self._open.clear()
+            self._publish(failed)

@@ -1,0 +1,111 @@
+"""A real `surge serve` with its engine in a child process (the default): streams, metrics, and
+what happens when either process dies."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.app.surge_process import SurgeProcess, surge_process
+
+ARGS = ("--served-model-name", "m", "--max-num-seqs", "4", "--max-model-len", "512", "--shutdown-delay-seconds", "0")
+USER = [{"role": "user", "content": "hello"}]
+
+
+def engine_pid(server: SurgeProcess) -> int:
+    """The engine process: the server's one spawned child (the other is multiprocessing's
+    resource tracker)."""
+    pid = server.proc.pid
+    children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    spawned = [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert len(spawned) == 1, children
+    return spawned[0]
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] == "Z"  # a zombie is gone for our purpose
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pid: int, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not gone(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    assert match, name
+    return float(match.group(1))
+
+
+def test_streams_and_metrics_cross_the_process_boundary(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with surge_process(tiny_model_dir, tmp_path / "surge.log", *ARGS) as server:
+        pid = engine_pid(server)
+        assert pid != server.proc.pid
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        stream = client.chat.completions.create(
+            model="m",
+            messages=USER,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        plain = client.chat.completions.create(
+            model="m", messages=USER, max_tokens=12, temperature=0, extra_headers={"Cache-Control": "no-cache"}
+        )  # computed afresh, not the dedup cache's replay of the stream
+        assert plain.choices[0].message.content == text  # greedy both times
+        assert metric(server.url, "surge_time_to_first_token_seconds_count") == 2
+        assert metric(server.url, "surge_generation_tokens_total") == 24
+        assert metric(server.url, "surge_requests_running") == 0
+        assert metric(server.url, "surge_requests_waiting") == 0
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 0
+        assert wait_gone(pid)
+
+
+def test_a_killed_engine_process_fails_the_open_stream_and_liveness(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with surge_process(tiny_model_dir, tmp_path / "surge.log", *ARGS) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        stream = client.chat.completions.create(
+            model="m", messages=USER, max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+        )
+        first = next(iter(stream))
+        assert first.choices
+        os.kill(engine_pid(server), signal.SIGKILL)
+        with pytest.raises(openai.APIError, match="engine process exited"):
+            for _ in stream:
+                pass
+        assert httpx.get(f"{server.url}/ready").status_code == 503
+        health = httpx.get(f"{server.url}/health")
+        assert health.status_code == 503 and health.json()["status"] == "engine dead"
+        with pytest.raises(openai.InternalServerError) as refused:
+            client.chat.completions.create(model="m", messages=USER, max_tokens=2)
+        assert refused.value.status_code == 503
+        assert "engine process exited" in server.log()
+
+
+def test_the_engine_process_exits_when_the_server_is_killed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with surge_process(tiny_model_dir, tmp_path / "surge.log", *ARGS) as server:
+        pid = engine_pid(server)
+        server.proc.kill()  # no chance to stop the child: it sees its pipe close
+        server.proc.wait()
+        assert wait_gone(pid), "the engine process outlived the server"

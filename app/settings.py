@@ -142,7 +142,7 @@ class Settings:
     shutdown_delay_seconds: float = 2.0
     shutdown_grace_seconds: float = 30.0
     redis_url: str = ""
-    redis_timeout_ms: int = 50
+    redis_timeout_ms: int = 200
     rate_limit_rpm: int = 0
     rate_limit_tpm: int = 0
     keys_file: str = ""

@@ -8,6 +8,7 @@ on; if the loop itself dies, `dead` says why and every live request gets an erro
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import threading
@@ -157,6 +158,11 @@ class EngineCore:
         on_iteration = self._on_iteration
         try:
             self._warmup()
+            # Everything alive now (torch, transformers, the weights' Python objects) lives as long
+            # as the process: out of the collector's sight, a full collection no longer walks
+            # millions of objects in the middle of a step.
+            gc.collect()
+            gc.freeze()
             self.is_warm = True
             if on_iteration is not None:
                 on_iteration()

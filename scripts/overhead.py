@@ -5,8 +5,8 @@
 
 Two servers, one after the other, each in its own process under the same load:
 - `surge`: `surge serve --model echo`, whose forward pass costs nothing, so what is measured is
-  surge itself: scheduler, engine loop, sampler, detokenizer, the thread hand-off to the event
-  loop, chunk JSON, SSE framing and HTTP.
+  surge itself: scheduler, engine loop, sampler, detokenizer, the pipe from the engine process
+  to the event loop, chunk JSON, SSE framing and HTTP.
 - `bare`: this file run with `--serve-bare`: a Starlette app under uvicorn (same uvicorn, same
   `auto` choice of uvloop and httptools as surge) whose chat endpoint streams, per request, the
   same events surge sends for `max_tokens` tokens (the role chunk, one content chunk per token,
@@ -140,13 +140,19 @@ class Server:
         raise RuntimeError(f"{self.name} not ready within {STARTUP_TIMEOUT_S:.0f} s (log: {self.log_path})")
 
     def cpu_seconds(self) -> float:
-        """User + system CPU seconds of the server process so far (Linux /proc)."""
+        """User + system CPU seconds of the server so far, its child processes included (surge's
+        engine runs in one), from Linux /proc."""
         if self.proc is None:
             return 0.0
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return 0.0
+        total, pids = 0.0, [self.proc.pid]
+        while pids:
+            pid = pids.pop()
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    pids += [int(child) for child in (task / "children").read_text().split()]
+        return total
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test install install-dev install-bench lint typecheck unit bench bench-overhead redis k8s-tools node-example clean
+.PHONY: run test test-reliability install install-dev install-bench lint typecheck unit bench bench-overhead redis k8s-tools node-example clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,18 @@ unit: install-dev redis k8s-tools node-example
 	$(PY) -m pytest -q
 
 test: lint typecheck unit
+
+# The full reliability runs (scripts/reliability/, about 30 minutes on 2 cores; `make test` runs their
+# fast versions): overload at 3x capacity for 60 s, a burst from ten keys, a 20-minute soak, then the
+# long fault tests (`-m reliability`). Every part runs; the target fails if any did.
+RELIABILITY_OUT ?= bench-results/reliability
+test-reliability: install-dev
+	@mkdir -p $(RELIABILITY_OUT); status=0; \
+	$(PY) scripts/reliability/overload.py --out $(RELIABILITY_OUT)/overload.md || status=1; \
+	$(PY) scripts/reliability/keys_burst.py --out $(RELIABILITY_OUT)/keys_burst.md || status=1; \
+	$(PY) scripts/reliability/soak.py --out $(RELIABILITY_OUT)/soak.md || status=1; \
+	$(PY) -m pytest -q -m reliability || status=1; \
+	exit $$status
 
 # The bench extra names torch only through transformers[serving] (torch>=2.6): pinning it in the same
 # command keeps pip from swapping the CPU build for a multi-GB CUDA one.

@@ -59,10 +59,8 @@ class Admission:
     def admit(self, num_prompt_tokens: int, priority: int) -> int:
         """The degradation level for this request, or a 503 raised before anything runs."""
         config = self.config
-        num_waiting, num_waiting_tokens = self._queue()
-        if config.max_queued_requests and num_waiting >= config.max_queued_requests:
-            self.num_queue_full += 1
-            raise self._busy(f"The server is at capacity: {num_waiting} requests are already waiting.")
+        self.check_queue()
+        _, num_waiting_tokens = self._queue()
         if config.max_queued_tokens and num_waiting_tokens + num_prompt_tokens > config.max_queued_tokens:
             self.num_queue_full += 1
             raise self._busy("The server is at capacity: too many prompt tokens are already waiting.")
@@ -90,17 +88,34 @@ class Admission:
             out.append(params)
         return out
 
+    def check_queue(self) -> None:
+        """The bound on waiting requests alone: cheap enough to check before a body is read."""
+        num_waiting, _ = self._queue()
+        if self.config.max_queued_requests and num_waiting >= self.config.max_queued_requests:
+            self.num_queue_full += 1
+            raise self._busy(f"The server is at capacity: {num_waiting} requests are already waiting.")
+
     def _busy(self, message: str) -> OpenAIError:
         return service_unavailable(message, max(1.0, math.ceil(self._retry_after())))
 
 
-def build_admission(degradation: DegradationConfig, config: AdmissionConfig, engine: AsyncEngine) -> Admission:
-    """Admission wired to a running engine's queue and load figures."""
+def build_admission(
+    degradation: DegradationConfig,
+    config: AdmissionConfig,
+    engine: AsyncEngine,
+    num_held: Callable[[], int] = lambda: 0,
+) -> Admission:
+    """Admission wired to a running engine's queue and load figures.
+
+    `num_held()`: requests past admission not yet submitted to the engine (app/pipeline.py).
+    They wait for a slot as much as the engine's queue does, so they count against its bound:
+    a greedy request waits a loop turn for its dedup flight to submit it, and a burst admitted
+    in that turn used to overshoot --max-queued-requests."""
     core = engine.core
     degrader = Degrader(degradation, lambda: load_score(engine.load_snapshot(), degradation))
     return Admission(
         config,
         degrader,
-        queue=lambda: (core.num_waiting, core.num_waiting_tokens),
+        queue=lambda: (core.num_waiting + num_held(), core.num_waiting_tokens),
         retry_after=lambda: engine.load_snapshot().queue_time_p90,
     )

@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from middleware._errors import error_json, send_error
@@ -121,6 +122,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(OpenAIError, _handle_openai_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _handle_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _handle_http_exception)  # type: ignore[arg-type]
+    app.add_exception_handler(ClientDisconnect, _handle_client_disconnect)  # type: ignore[arg-type]
     # NOTE: Starlette runs the `Exception` handler in ServerErrorMiddleware, which re-raises
     # after responding, so uvicorn logs the traceback a second time.
     app.add_exception_handler(Exception, _handle_uncaught)
@@ -144,6 +146,15 @@ async def _handle_http_exception(request: Request, exc: StarletteHTTPException) 
     error_type = SERVER_ERROR if exc.status_code >= 500 else INVALID_REQUEST
     body = error_json(message, type=error_type)
     return _json_response(exc.status_code, body, exc.headers or {})
+
+
+async def _handle_client_disconnect(request: Request, exc: ClientDisconnect) -> Response:
+    """The client left while its body was being read: nobody to answer, and not our error.
+
+    NOTE: 499 (nginx's "client closed request"), as the routes answer a client gone mid-generation;
+    without this it was an "Unhandled error" traceback in the log and a 500 in the HTTP metrics."""
+    logger.debug("client disconnected while sending %s %s", request.method, request.url.path)
+    return Response(status_code=499)
 
 
 async def _handle_uncaught(request: Request, exc: Exception) -> Response:

@@ -17,11 +17,9 @@ Every surge metric has the served model's name as its `model` label. Names are a
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Iterator
 
-import torch
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -30,6 +28,7 @@ from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentato
 from starlette.responses import Response
 
 from app.state import ServerState
+from models.gpu import read_gpu_stats
 from models.sequence import FinishReason
 
 log = logging.getLogger("surge.metrics")
@@ -116,7 +115,6 @@ class ServerCollector(Collector):
     def __init__(self, state: ServerState) -> None:
         self._state = state
         self._model = state.settings.model_name
-        self._has_nvml = importlib.util.find_spec("pynvml") is not None
 
     def collect(self) -> Iterator[Metric]:
         state, model = self._state, self._model
@@ -197,8 +195,10 @@ class ServerCollector(Collector):
         yield from self._gpu()
 
     def _gpu(self) -> Iterator[Metric]:
-        # Only once this process uses CUDA: a scrape must not create a context on an idle GPU.
-        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        # Read where CUDA lives: the engine process reports its figures (models/gpu.py).
+        engine = self._state.engine
+        stats = engine.core.gpu_stats() if engine is not None else read_gpu_stats()
+        if not stats:
             return
         memory = GaugeMetricFamily(
             "surge_gpu_memory_used_bytes",
@@ -210,17 +210,12 @@ class ServerCollector(Collector):
             "GPU busy time over the last sample period (NVML).",
             labels=["model", "device"],
         )
-        for index in range(torch.cuda.device_count()):
-            device = f"cuda:{index}"
-            try:
-                free, total = torch.cuda.mem_get_info(index)
-                memory.add_metric([self._model, device], total - free)
-                if self._has_nvml:
-                    utilization.add_metric([self._model, device], torch.cuda.utilization(index) / 100)
-            except Exception:  # a metric must never fail the scrape
-                log.debug("could not read GPU %s", device, exc_info=True)
+        for device, used_bytes, busy in stats:
+            memory.add_metric([self._model, device], used_bytes)
+            if busy is not None:
+                utilization.add_metric([self._model, device], busy)
         yield memory
-        if self._has_nvml:
+        if any(busy is not None for _, _, busy in stats):
             yield utilization
 
 

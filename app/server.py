@@ -20,6 +20,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from app.admission import build_admission
 from app.dedup import DedupCache
+from app.diagnostics import engine_process_init, install_tracemalloc
 from app.errors import install_error_handlers
 from app.logs import configure_logging
 from app.metrics import install_metrics
@@ -39,6 +40,11 @@ from models.async_engine import AsyncEngine
 
 log = logging.getLogger("surge.server")
 
+# NOTE: an idle connection must outlive the clients' own pool expiry (httpx and so the openai SDK:
+# 5 s, uvicorn's default too), else a client reusing it races the close and gets "Server
+# disconnected". Longer than proxies' usual idle timeouts (60 s) too, as nginx's 75 s.
+KEEP_ALIVE_SECONDS = 75
+
 
 def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -> FastAPI:
     state = ServerState(settings)
@@ -52,9 +58,12 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
             await state.redis.warm(settings.max_num_seqs)
         try:
             # The engine process logs like this one (same level, format and stream).
-            init = functools.partial(configure_logging, settings.log_level, settings.log_format)
+            # With SURGE_TRACEMALLOC set it is traced too (app/diagnostics.py).
+            init = engine_process_init(functools.partial(configure_logging, settings.log_level, settings.log_format))
             state.engine = await AsyncEngine.start(settings.engine, observer=engine_metrics, process_init=init)
-            state.admission = build_admission(settings.degradation, settings.admission, state.engine)
+            state.admission = build_admission(
+                settings.degradation, settings.admission, state.engine, num_held=lambda: state.num_held
+            )
             # The imports, the tokenizer and the app are here for good: keep them out of the
             # garbage collector's walks, which otherwise cost the event loop ~15% of its time
             # under load (full collections over torch's and transformers' objects).
@@ -186,8 +195,10 @@ def serve(settings: Settings) -> None:
         log_config=None,
         # NOTE: typed int in uvicorn, but it only reaches asyncio.wait_for, which takes a float.
         timeout_graceful_shutdown=settings.shutdown_grace_seconds,  # type: ignore[arg-type]
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
     server = DrainingServer(config, on_shutdown_signal=start_draining, delay_seconds=settings.shutdown_delay_seconds)
+    install_tracemalloc("server")  # off unless SURGE_TRACEMALLOC is set (app/diagnostics.py)
     server.run()
     if state.load_error is not None:
         raise SystemExit(1)

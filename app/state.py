@@ -62,3 +62,12 @@ async def get_engine(request: Request) -> AsyncEngine:
     if not state.is_ready or state.engine is None:
         raise state.not_ready_error()
     return state.engine
+
+
+async def refuse_when_queue_full(request: Request) -> None:
+    """A 503 before the body is read, parsed or tokenized when the queue is already full: under
+    overload most requests are refused, and a refusal must cost next to nothing (and come fast).
+    Admission checks the bound again, with the prompt's tokens, once the request is parsed."""
+    admission = request.app.state.surge.admission
+    if admission is not None:
+        admission.check_queue()

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -71,6 +71,8 @@ class RedisBackend:
         self.num_fallbacks = 0  # up -> down transitions
         self.num_failed_calls = 0
         self._next_probe = 0.0
+        self._tasks: set[asyncio.Future[None]] = set()  # pool upkeep in the background
+        self._warm_size = 0  # connections `warm` opens (again after an outage)
 
     async def call(self, operation: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
         """Run one Redis operation within the timeout, or raise RedisUnavailable."""
@@ -95,6 +97,8 @@ class RedisBackend:
                 raise asyncio.TimeoutError(f"no answer from redis within {self.timeout * 1000:.0f} ms")
             result = task.result()
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            if self.is_up:
+                self._drop_idle_connections()
             self._mark_down(exc)
             raise RedisUnavailable(str(exc) or type(exc).__name__) from exc
         except asyncio.CancelledError:
@@ -103,17 +107,41 @@ class RedisBackend:
         if not self.is_up:
             self.is_up = True
             log.warning("redis at %s answers again: shared traffic state is back on Redis", self.url)
+            if self._warm_size:  # the pool was emptied when Redis went down: open it again
+                self._in_background(self.warm(self._warm_size))
         return result
 
     async def warm(self, num_connections: int) -> None:
         """Open `num_connections` pooled connections now, so that a burst of requests finds them
         open: a new connection takes ~19 turns of the event loop, and under a burst each turn
-        takes tens of ms. Best effort: a Redis that does not answer is the fallback's business."""
+        takes tens of ms. Best effort: a Redis that does not answer is the fallback's business.
+        Done again in the background whenever Redis answers again after an outage."""
+        self._warm_size = num_connections
         results = await asyncio.gather(
             *(self.call(lambda r: r.ping()) for _ in range(num_connections)), return_exceptions=True
         )
         if all(isinstance(result, BaseException) for result in results):
             log.warning("redis at %s did not answer at start-up; starting on in-process state", self.url)
+
+    def _drop_idle_connections(self) -> None:
+        """Close the pool's idle connections, in the background (the failing call does not wait).
+
+        NOTE: they point at the Redis that just failed; after it comes back, each one would fail
+        once more when next used, sending this replica back to its fallback (and counting another
+        outage) for another probe interval per stale connection.
+        """
+        self._in_background(self._disconnect_idle())
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _disconnect_idle(self) -> None:
+        try:
+            await asyncio.wait_for(self.client.connection_pool.disconnect(inuse_connections=False), 1.0)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            log.debug("could not close idle Redis connections: %r", exc)
 
     def _mark_down(self, exc: BaseException) -> None:
         self.num_failed_calls += 1

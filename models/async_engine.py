@@ -24,6 +24,7 @@ from typing import Protocol
 from models.config import EngineConfig
 from models.engine import EngineCore
 from models.engine_client import EngineProcess
+from models.gpu import GpuStat
 from models.load_stats import LoadSnapshot
 from models.loader import load_model, resolve_max_model_len
 from models.observer import EngineObserver
@@ -160,6 +161,7 @@ class EngineHandle(Protocol):
     def abort_request(self, request_id: str) -> None: ...
     def stop(self, timeout: float = 10.0) -> None: ...
     def load_snapshot(self) -> LoadSnapshot: ...
+    def gpu_stats(self) -> list[GpuStat]: ...
 
 
 class AsyncEngine:

@@ -22,6 +22,8 @@ import torch
 from models.config import SchedulerConfig
 from models.detokenizer import IncrementalDetokenizer
 from models.echo import EchoRunner, echo_token_ids
+from models.faults import forward_faults_from_env
+from models.gpu import GpuStat, read_gpu_stats
 from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
 from models.model_runner import ModelRunner, Runner
@@ -80,12 +82,17 @@ class EngineCore:
         self.scheduler = Scheduler(config, loaded.tokenizer.eos_token_ids)
         self._publish = publish
         self._inbox: queue.SimpleQueue[_Request | str | _Stop] = queue.SimpleQueue()
+        # Requests (not aborts) put in the inbox and taken out: each counter has one writer (the
+        # caller of add_request; the loop), so their difference is exact without a lock.
+        self._num_inbox_added = 0
+        self._num_inbox_taken = 0
         self._requests: dict[str, _Request] = {}
         self._thread: threading.Thread | None = None
         self.dead: BaseException | None = None
         self.is_warm = False
         self.num_steps = 0
         self.num_aborted = 0  # requests taken out because their client went away
+        self._faults = forward_faults_from_env()  # tests only (models/faults.py); None when off
 
     # --- called from any thread -------------------------------------------------------
 
@@ -104,6 +111,7 @@ class EngineCore:
         seq = Sequence(request_id, list(prompt_token_ids), params, priority, arrival_time=arrived)
         generator = make_generator(params.seed, self.runner.device) if params.seed is not None else None
         detokenizer = IncrementalDetokenizer(self.tokenizer.decode, seq.prompt_token_ids, params.stop)
+        self._num_inbox_added += 1  # before the put: counted early rather than missed
         self._inbox.put(_Request(seq, detokenizer, SamplingRow(params, generator, seq.output_token_ids)))
 
     def abort_request(self, request_id: str) -> None:
@@ -127,8 +135,11 @@ class EngineCore:
 
     @property
     def num_waiting(self) -> int:
-        """Requests not yet running: the scheduler's queue plus those still in the inbox."""
-        return self.scheduler.num_waiting + self._inbox.qsize()
+        """Requests not yet running: the scheduler's queue plus those still in the inbox.
+
+        NOTE: not `inbox.qsize()`, which also counted aborts (a client that went away showed as
+        one more request waiting, over --max-queued-requests on /metrics)."""
+        return self.scheduler.num_waiting + self._num_inbox_added - self._num_inbox_taken
 
     def load_snapshot(self) -> LoadSnapshot:
         queue_time_p90, ttft_p90, error_rate = self.load_stats.window()
@@ -146,6 +157,9 @@ class EngineCore:
     @property
     def num_running(self) -> int:
         return self.scheduler.num_running
+
+    def gpu_stats(self) -> list[GpuStat]:
+        return read_gpu_stats()  # this process holds the CUDA context
 
     @property
     def num_waiting_tokens(self) -> int:
@@ -198,6 +212,8 @@ class EngineCore:
 
     def _execute(self, out: SchedulerOutput) -> tuple[list[int], list[TokenLogprob | None]]:
         self.runner.apply_moves(out.moves)
+        if self._faults is not None and self.is_warm:
+            self._faults.before_forward()
         logits, rows = [], []
         if out.prefills:
             prefill_logits = self.runner.prefill(out.prefills)
@@ -302,8 +318,10 @@ class EngineCore:
             try:
                 self.scheduler.add(item.seq)
             except ValueError as exc:
+                self._num_inbox_taken += 1
                 self._publish([self._error_output(item.seq, str(exc))])
                 continue
+            self._num_inbox_taken += 1  # after the scheduler counts it
             self._requests[item.seq.request_id] = item
             self._arrivals.append(item.seq)
 
@@ -343,6 +361,7 @@ class EngineCore:
             except queue.Empty:
                 break
             if isinstance(item, _Request):
+                self._num_inbox_taken += 1
                 seqs.append(item.seq)
         try:
             self._fail(seqs, message)

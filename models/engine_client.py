@@ -18,6 +18,9 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
+import pickle
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +39,7 @@ from models.engine_process import (
     EV_GAPS,
     EV_STEP,
     FAILED,
+    GPU,
     LOADED,
     STEP,
     STOP,
@@ -43,6 +47,7 @@ from models.engine_process import (
     output_from_wire,
     serve_engine,
 )
+from models.gpu import GpuStat
 from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import load_tokenizer
 from models.observer import EngineObserver
@@ -78,7 +83,10 @@ class EngineProcess:
         self._stats = _IDLE_STATS
         self._num_sent = 0
         self._open: set[str] = set()  # sent and not finished nor aborted
+        self._gpu_stats: list[GpuStat] = []
         self._send_lock = threading.Lock()  # stop() runs on a worker thread
+        self._outgoing = bytearray()  # framed messages the pipe did not take yet
+        self._is_writer_on = False  # the loop watches the pipe for room
         self._stopping = False
         self._loaded: asyncio.Future[tuple[Any, ...]] = loop.create_future()
         self._warm = asyncio.Event()
@@ -99,6 +107,12 @@ class EngineProcess:
         requests_out.close()
         messages_out.close()
         loop.add_reader(self._messages.fileno(), self._on_readable)
+        os.set_blocking(self._requests.fileno(), False)  # see _send
+        # NOTE: uvloop (libuv's uv_poll_init) makes a watched fd non-blocking, and then `recv` of a
+        # message only partly in the pipe (larger than the pipe's 64 KiB, or written while it was
+        # full) raises BlockingIOError, an OSError, which read as "the engine exited". Blocking
+        # reads wait for the rest, which the child is writing.
+        os.set_blocking(self._messages.fileno(), True)
 
     # --- start-up -------------------------------------------------------------------------
 
@@ -149,7 +163,7 @@ class EngineProcess:
         """Ask the child to stop (it fails what is still open), wait for it, then make sure."""
         self._stopping = True
         with contextlib.suppress(OSError, ValueError):
-            self._send((STOP,))
+            self._send_stop()
         self._process.join(timeout)
         if self._process.is_alive():
             log.warning("the engine process did not stop in %.0f s; killing it", timeout)
@@ -196,6 +210,9 @@ class EngineProcess:
     def num_steps(self) -> int:
         return self._stats[6]
 
+    def gpu_stats(self) -> list[GpuStat]:
+        return self._gpu_stats  # as the engine process last read them
+
     def load_snapshot(self) -> LoadSnapshot:
         queue_time_p90, ttft_p90, error_rate = self.load_stats.window()
         return LoadSnapshot(
@@ -212,18 +229,63 @@ class EngineProcess:
     # --- the pipe -----------------------------------------------------------------------------
 
     def _send(self, message: tuple[Any, ...]) -> None:
+        """Queue one message (multiprocessing's framing, so the child's `Connection.recv` reads
+        it) and write what the pipe takes now; on the event loop this never blocks: a busy child
+        may leave the pipe full for a whole step, and the loop has streams to serve meanwhile."""
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with self._send_lock:
-            self._requests.send(message)
+            self._outgoing += struct.pack("!i", len(payload)) + payload
+            if not self._is_writer_on:
+                self._flush()
+
+    def _flush(self) -> None:
+        """Write queued bytes until the pipe is full; watch for room if some are left (lock held)."""
+        fd = self._requests.fileno()
+        while self._outgoing:
+            try:
+                written = os.write(fd, self._outgoing)
+            except BlockingIOError:
+                break
+            except OSError:  # the child is gone: EOF on its pipe fails what was sent
+                self._outgoing.clear()
+                break
+            del self._outgoing[:written]
+        wanted = bool(self._outgoing)
+        if wanted != self._is_writer_on:
+            if wanted:
+                self._loop.add_writer(fd, self._on_writable)
+            else:
+                self._loop.remove_writer(fd)
+            self._is_writer_on = wanted
+
+    def _on_writable(self) -> None:
+        with self._send_lock:
+            self._flush()
+
+    def _send_stop(self) -> None:
+        """STOP, from any thread (the server stops the engine from a worker thread): written
+        blocking, after whatever is still queued, so the child reads everything before it."""
+        payload = pickle.dumps((STOP,), protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            data = bytes(self._outgoing) + struct.pack("!i", len(payload)) + payload
+            self._outgoing.clear()
+            fd = self._requests.fileno()
+            os.set_blocking(fd, True)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
 
     def _on_readable(self) -> None:
         messages = self._messages
-        try:
-            while True:
-                self._handle(messages.recv())
-                if not messages.poll():
-                    return
-        except (EOFError, OSError):
-            self._on_exit()
+        while True:
+            try:
+                message = messages.recv()
+            except (EOFError, OSError):  # only the pipe's own failures mean the child is gone
+                self._on_exit()
+                return
+            self._handle(message)
+            if not messages.poll():
+                return
 
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -240,6 +302,8 @@ class EngineProcess:
                 self._publish([output_from_wire(w) for w in outputs])
             if stats[0] and not self._warm.is_set():
                 self._warm.set()
+        elif kind == GPU:
+            self._gpu_stats = message[1]
         elif kind == LOADED:
             if not self._loaded.done():
                 self._loaded.set_result(message)

@@ -14,7 +14,8 @@ server over two one-way pipes:
   `(ABORT, request_id)`, `(STOP,)`;
 - messages out, at most one per loop iteration: `(LOADED, path, max_pos, vocab_size,
   eos_ids, max_model_len)` once, `(FAILED, message)` if loading fails, then `(STEP, outputs,
-  events, stats)` whenever something changed, and `(DEAD, message)` if the loop died.
+  events, stats)` whenever something changed, `(GPU, stats)` about once a second on CUDA
+  (models/gpu.py), and `(DEAD, message)` if the loop died.
 
 Outputs travel as plain tuples (`output_to_wire`): they pickle several times faster than the
 dataclass. Observer events travel as tuples too; the server replays them into its metrics
@@ -31,12 +32,14 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from models.config import EngineConfig
 from models.engine import EngineCore
+from models.gpu import read_gpu_stats
 from models.loader import load_model, resolve_max_model_len
 from models.outputs import RequestOutput
 from models.sequence import FinishReason
@@ -45,7 +48,9 @@ log = logging.getLogger("surge.engine")
 
 # Message kinds (small ints pickle smaller and compare faster than strings).
 ADD, ABORT, STOP = 0, 1, 2
-LOADED, FAILED, STEP, DEAD = 0, 1, 2, 3
+LOADED, FAILED, STEP, DEAD, GPU = 0, 1, 2, 3, 4
+# How often the engine process reads GPU memory and utilization for the server's metrics.
+GPU_READ_SECONDS = 1.0
 # Observer event kinds.
 EV_STEP, EV_ADMITTED, EV_FIRST_TOKEN, EV_GAPS, EV_FINISH = 0, 1, 2, 3, 4
 
@@ -96,12 +101,24 @@ class _Outbox:
         self.outputs: list[WireOutput] = []
         self.num_received = 0  # ADD messages taken from the pipe (the server counts what it sent)
         self.last_stats: Stats | None = None
+        self.next_gpu_read = 0.0
 
     def publish(self, outputs: list[RequestOutput]) -> None:
         self.outputs.extend(map(output_to_wire, outputs))
 
     def flush(self) -> None:
+        now = time.monotonic()
+        if now >= self.next_gpu_read:
+            self.next_gpu_read = now + GPU_READ_SECONDS
+            gpu_stats = read_gpu_stats()  # [] on CPU: nothing sent
+            if gpu_stats:
+                self.send((GPU, gpu_stats))
         core = self.core_ref[0]
+        # NOTE: read before the queue, as the receiver thread adds to it: a request counted here
+        # is already in the inbox, so the server's "queue + sent since" never misses one (which
+        # let admission overshoot its bound by one); one received in between counts twice until
+        # the next message, on the safe side.
+        num_received = self.num_received
         stats: Stats = (
             core.is_warm,
             core.num_waiting,
@@ -110,7 +127,7 @@ class _Outbox:
             core.kv_usage,
             core.num_aborted,
             core.num_steps,
-            self.num_received,
+            num_received,
         )
         events = self.observer.events
         if not self.outputs and not events and stats == self.last_stats:

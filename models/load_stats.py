@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,44 +22,71 @@ class LoadSnapshot:
     max_num_seqs: int
     queue_time_p90: float  # seconds, over the window; 0 when nothing was admitted
     ttft_p90: float  # seconds from arrival to first token, over the window
-    error_rate: float  # errored / finished requests over the window
+    error_rate: float  # errored / finished requests over the window; 0 below MIN_FINISHES_FOR_ERROR_RATE
     kv_usage: float  # running sequences' tokens / (max_num_seqs * max_model_len)
     num_waiting_tokens: int  # prompt tokens of waiting requests
 
 
+# Finishes a window needs before its error rate counts. NOTE: without it one failed request on
+# a quiet server is an error rate of 1.0, which sends the server to degradation level 3 (canned
+# replies, no engine finishes to dilute the rate) for the whole window; circuit breakers have the
+# same floor (Hystrix's request volume threshold is 20 per 10 s).
+MIN_FINISHES_FOR_ERROR_RATE = 20
+
+
 class LoadStats:
-    def __init__(self, window_seconds: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        window_seconds: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        min_finishes: int = MIN_FINISHES_FOR_ERROR_RATE,
+    ) -> None:
         self.window_seconds = window_seconds
         self.clock = clock
+        self.min_finishes = min_finishes
         self._lock = threading.Lock()
         self._queue_times: deque[tuple[float, float]] = deque()  # (at, seconds)
         self._ttfts: deque[tuple[float, float]] = deque()
         self._finishes: deque[tuple[float, bool]] = deque()  # (at, is_error)
 
+    # NOTE: each record drops what has left the window, not only `window()`: a LoadStats nobody
+    # reads (the engine process's own, while the server keeps the one it reads) grew without
+    # bound, three entries per request (found by the soak's tracemalloc dumps).
     def record_queue_time(self, seconds: float) -> None:
+        now = self.clock()
         with self._lock:
-            self._queue_times.append((self.clock(), seconds))
+            self._queue_times.append((now, seconds))
+            _drop_before(self._queue_times, now - self.window_seconds)
 
     def record_ttft(self, seconds: float) -> None:
+        now = self.clock()
         with self._lock:
-            self._ttfts.append((self.clock(), seconds))
+            self._ttfts.append((now, seconds))
+            _drop_before(self._ttfts, now - self.window_seconds)
 
     def record_finish(self, is_error: bool) -> None:
+        now = self.clock()
         with self._lock:
-            self._finishes.append((self.clock(), is_error))
+            self._finishes.append((now, is_error))
+            _drop_before(self._finishes, now - self.window_seconds)
 
     def window(self) -> tuple[float, float, float]:
         """(queue time p90, TTFT p90, error rate) over the last window_seconds."""
         horizon = self.clock() - self.window_seconds
         with self._lock:
             for events in (self._queue_times, self._ttfts, self._finishes):
-                while events and events[0][0] < horizon:
-                    events.popleft()
+                _drop_before(events, horizon)
             queue_times = [s for _, s in self._queue_times]
             ttfts = [s for _, s in self._ttfts]
             num_errors = sum(1 for _, is_error in self._finishes if is_error)
             num_finished = len(self._finishes)
-        return _p90(queue_times), _p90(ttfts), (num_errors / num_finished if num_finished else 0.0)
+        error_rate = num_errors / num_finished if num_finished >= max(1, self.min_finishes) else 0.0
+        return _p90(queue_times), _p90(ttfts), error_rate
+
+
+def _drop_before(events: deque[tuple[float, Any]], horizon: float) -> None:
+    while events and events[0][0] < horizon:
+        events.popleft()
 
 
 def _p90(values: list[float]) -> float:

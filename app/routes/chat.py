@@ -25,13 +25,18 @@ from app.output_source import OutputSource
 from app.pipeline import start_generation
 from app.schemas import ChatChunkEncoder, ChatCompletionRequest, Usage, new_chat_completion_id
 from app.sse import DONE, KEEPALIVE, error_event, event, sse_response
-from app.state import ServerState, get_engine, get_state
+from app.state import ServerState, get_engine, get_state, refuse_when_queue_full
 from models.async_engine import AsyncEngine
 
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions", response_model=None, openapi_extra=documented_body(ChatCompletionRequest))
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    openapi_extra=documented_body(ChatCompletionRequest),
+    dependencies=[Depends(refuse_when_queue_full)],  # first: a full queue refuses before the body is read
+)
 async def create_chat_completion(
     request: Request,
     body: ChatCompletionRequest = Depends(json_body(ChatCompletionRequest)),

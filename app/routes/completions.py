@@ -24,7 +24,7 @@ from app.output_source import OutputSource
 from app.pipeline import start_generation
 from app.schemas import CompletionChunkEncoder, CompletionRequest, Usage, completion_logprobs, new_completion_id
 from app.sse import DONE, KEEPALIVE, error_event, event, sse_response
-from app.state import ServerState, get_engine, get_state
+from app.state import ServerState, get_engine, get_state, refuse_when_queue_full
 from models.async_engine import AsyncEngine
 from models.sampler import TokenLogprob
 from models.tokenizer import Tokenizer
@@ -32,7 +32,12 @@ from models.tokenizer import Tokenizer
 router = APIRouter()
 
 
-@router.post("/v1/completions", response_model=None, openapi_extra=documented_body(CompletionRequest))
+@router.post(
+    "/v1/completions",
+    response_model=None,
+    openapi_extra=documented_body(CompletionRequest),
+    dependencies=[Depends(refuse_when_queue_full)],  # first: a full queue refuses before the body is read
+)
 async def create_completion(
     request: Request,
     body: CompletionRequest = Depends(json_body(CompletionRequest)),

@@ -18,6 +18,7 @@ from app.degradation import DegradationConfig, Degrader
 from app.metrics import ServerCollector
 from app.settings import Settings
 from app.state import ServerState
+from models import gpu
 from tests.app.conftest import MODEL_NAME, LiveServer, running_server
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
@@ -273,12 +274,12 @@ def test_gpu_metrics_by_device_where_cuda_is_in_use(monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr(torch.cuda, name, lambda value=value: value)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (1_000, 5_000 + index))
     monkeypatch.setattr(torch.cuda, "utilization", lambda index: 40)
+    monkeypatch.setattr(gpu, "_HAS_NVML", True)
     collector = ServerCollector(ServerState(Settings(model="tiny", served_model_name=MODEL_NAME)))
-    collector._has_nvml = True
     samples = {(s.name, s.labels["device"]): s for m in collector.collect() for s in m.samples if "device" in s.labels}
     assert samples[("surge_gpu_memory_used_bytes", "cuda:1")].value == 4_001
     assert samples[("surge_gpu_utilization_ratio", "cuda:0")].value == 0.4
     assert samples[("surge_gpu_utilization_ratio", "cuda:0")].labels["model"] == MODEL_NAME
-    collector._has_nvml = False
+    monkeypatch.setattr(gpu, "_HAS_NVML", False)
     names = {m.name for m in collector.collect()}
     assert "surge_gpu_memory_used_bytes" in names and "surge_gpu_utilization_ratio" not in names

@@ -1,8 +1,14 @@
-"""SIGTERM under load, as Kubernetes sends it: refuse new work politely, finish accepted work, exit 0."""
+"""SIGTERM under load, as Kubernetes sends it: refuse new work politely, finish accepted work, exit 0.
+
+Under load means a full batch and a queue: streams decoding, and streams and JSON requests still
+waiting for a slot when the signal comes. Every one of them was accepted, so every one must end
+whole within the grace period.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -14,6 +20,8 @@ import httpx
 from tests.app.surge_process import surge_process
 
 NUM_STREAMS = 6
+MAX_NUM_SEQS = 4  # so NUM_STREAMS - MAX_NUM_SEQS streams and every JSON request are queued at SIGTERM
+NUM_JSON = 2
 # Long enough that the streams outlive the drain window: about 3 s for 6 streams on the `s` model.
 MAX_TOKENS = 1000
 DELAY_S = 1.0
@@ -60,18 +68,54 @@ class Stream:
             self.started.set()
 
 
+@dataclass
+class Plain:
+    """A JSON (non-streamed) request, queued behind the streams."""
+
+    status: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    error: BaseException | None = None
+
+    def run(self, url: str) -> None:
+        body = {"model": "m", "prompt": "queued", "max_tokens": MAX_TOKENS, "ignore_eos": True}
+        try:
+            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=GRACE_S)
+            self.status = reply.status_code
+            self.completion_tokens = reply.json()["usage"]["completion_tokens"]
+            self.finish_reason = reply.json()["choices"][0]["finish_reason"]
+        except BaseException as exc:
+            self.error = exc
+
+
+def gauge(url: str, name: str) -> float:
+    match = re.search(rf"^{name}{{[^}}]*}} (\S+)$", httpx.get(f"{url}/metrics").text, re.MULTILINE)
+    assert match, name
+    return float(match.group(1))
+
+
 def test_sigterm_under_load_refuses_new_requests_and_finishes_every_accepted_stream(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    args = ("--served-model-name", "m", "--max-model-len", "2048", "--max-num-seqs", "8")
+    args = ("--served-model-name", "m", "--max-model-len", "2048", "--max-num-seqs", str(MAX_NUM_SEQS))
     shutdown = ("--shutdown-delay-seconds", str(DELAY_S), "--shutdown-grace-seconds", str(GRACE_S))
     with surge_process(tiny_model_dir, tmp_path / "surge.log", *args, *shutdown) as server:
         streams = [Stream() for _ in range(NUM_STREAMS)]
+        plains = [Plain() for _ in range(NUM_JSON)]
         threads = [threading.Thread(target=s.run, args=(server.url,)) for s in streams]
-        for thread in threads:
+        threads += [threading.Thread(target=p.run, args=(server.url,)) for p in plains]
+        for thread in threads[:MAX_NUM_SEQS]:
             thread.start()
-        for stream in streams:
+        for stream in streams[:MAX_NUM_SEQS]:
             assert stream.started.wait(30)
+        for thread in threads[MAX_NUM_SEQS:]:  # the rest queue (a completions stream is silent until it runs)
+            thread.start()
+        # Accepted, and a full batch with a queue behind it.
+        deadline = time.monotonic() + 30
+        while gauge(server.url, "surge_requests_waiting") < NUM_STREAMS - MAX_NUM_SEQS + NUM_JSON:
+            assert time.monotonic() < deadline, "the queued requests never reached the server"
+            time.sleep(0.02)
+        assert gauge(server.url, "surge_requests_running") == MAX_NUM_SEQS
         assert not any(s.is_done for s in streams), "streams ended before SIGTERM: make them longer"
 
         server.proc.send_signal(signal.SIGTERM)
@@ -106,6 +150,9 @@ def test_sigterm_under_load_refuses_new_requests_and_finishes_every_accepted_str
             assert stream.saw_done, "a stream was cut short"
             assert stream.completion_tokens == MAX_TOKENS
             assert stream.finish_reasons == ["length"]
+        for plain in plains:  # queued at SIGTERM, run after it
+            assert plain.error is None, repr(plain.error)
+            assert (plain.status, plain.completion_tokens, plain.finish_reason) == (200, MAX_TOKENS, "length")
 
         assert server.proc.wait(timeout=GRACE_S) == 0
         assert time.monotonic() - signalled < DELAY_S + GRACE_S

@@ -51,3 +51,24 @@ async def test_a_frozen_redis_is_still_a_timeout_bounded_by_it() -> None:
             redis.thaw()
         finally:
             await backend.close()
+
+
+async def test_connections_idle_when_redis_died_do_not_fail_it_again_once_it_is_back() -> None:
+    """Regression: connections idle in the pool when Redis was killed still pointed at the dead
+    server; once it was back, each failed when next used ("Connection closed by server"), sent
+    the replica back to its fallback for another probe interval and counted a second outage."""
+    with RedisServer() as redis:
+        backend = RedisBackend(redis.url, timeout=0.2, probe_interval=0.2)
+        try:
+            await backend.warm(8)  # eight pooled connections, all idle
+            redis.kill()
+            with pytest.raises(RedisUnavailable):  # one call finds out; seven connections stay idle
+                await backend.call(lambda r: r.ping())
+            redis.start()  # same port, a new process
+            await asyncio.sleep(backend.probe_interval + 0.05)
+            await backend.call(lambda r: r.ping())  # the probe: Redis is up again
+            for _ in range(3):  # enough concurrent calls to use every pooled connection
+                await asyncio.gather(*(backend.call(lambda r: r.ping()) for _ in range(8)))
+            assert backend.is_up and backend.num_fallbacks == 1
+        finally:
+            await backend.close()

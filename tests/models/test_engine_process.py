@@ -15,6 +15,7 @@ import pytest
 from models.async_engine import AsyncEngine
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
 from models.engine_client import EngineProcess
+from models.engine_process import GPU
 from models.outputs import EngineDeadError
 from models.sequence import FinishReason
 from tests.models.test_engine import RecordingObserver, greedy, prompt, run, tokens, wait_until
@@ -175,3 +176,36 @@ async def test_a_model_that_fails_to_load_raises_and_leaves_no_process(tmp_path:
     with pytest.raises(EngineDeadError, match="could not load the model"):
         await AsyncEngine.start(engine_config(tmp_path / "no-such-model"))
     assert not [pid for pid in children() - before if pid_alive(pid)]
+
+
+async def test_a_frozen_child_never_blocks_the_event_loop(tiny_model_dir: Path) -> None:
+    """Requests go down the pipe without blocking: while the child does not read (here frozen;
+    in life, busy with a long step), they queue in the server and go out when it reads again."""
+    engine = await AsyncEngine.start(engine_config(tiny_model_dir))
+    pid = child_of(engine).pid
+    assert pid is not None
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        # 200 x 400 token ids: several times the 64 KiB a pipe holds.
+        groups = [engine.submit([(prompt(400, i), greedy(2))]) for i in range(200)]
+        assert loop.time() - started < 2.0
+        assert child_of(engine)._outgoing  # the rest waits in the server, not in a blocked write
+        os.kill(pid, signal.SIGCONT)
+        results = await asyncio.wait_for(asyncio.gather(*(run(group) for group in groups)), timeout=120)
+        assert all(outputs[-1].finish_reason is FinishReason.LENGTH for (outputs,) in results)
+        assert not child_of(engine)._outgoing
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        engine.stop()
+
+
+async def test_gpu_figures_come_from_the_engine_process(observed: tuple[AsyncEngine, RecordingObserver]) -> None:
+    engine, _ = observed
+    core = child_of(engine)
+    assert core.gpu_stats() == []  # on the CPU the child reads none and sends none
+    # What a child on CUDA sends about once a second (models/gpu.py reads it there).
+    core._handle((GPU, [("cuda:0", 123_456, 0.25)]))
+    assert core.gpu_stats() == [("cuda:0", 123_456, 0.25)]
+    core._gpu_stats = []

@@ -75,6 +75,7 @@ from benchkit.load import (  # noqa: E402
     summarize,
 )
 from benchkit.plots import is_plottable, write_plots  # noqa: E402
+from benchkit.procs import process_tree  # noqa: E402
 from benchkit.report import COLUMNS, VS_OFF_COLUMNS, add_vs_off, format_cell, markdown_table, render  # noqa: E402
 
 __all__ = [
@@ -238,15 +239,12 @@ class ServerProcess:
         a child process; children are read while the server runs)."""
         if self.proc is None:
             return None
-        total_kib, pids = 0, [self.proc.pid]
-        while pids:
-            pid = pids.pop()
+        total_kib = 0
+        for pid in process_tree(self.proc.pid):
             with contextlib.suppress(OSError):
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):
                         total_kib += int(line.split()[1])
-                for task in Path(f"/proc/{pid}/task").iterdir():
-                    pids += [int(child) for child in (task / "children").read_text().split()]
         return total_kib / 1024 if total_kib else None
 
     def stats(self) -> dict[str, Any]:

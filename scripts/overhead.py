@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from benchkit.procs import process_tree  # scripts/ is on sys.path: this file runs as a script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_NAME = "echo"
@@ -144,14 +145,11 @@ class Server:
         engine runs in one), from Linux /proc."""
         if self.proc is None:
             return 0.0
-        total, pids = 0.0, [self.proc.pid]
-        while pids:
-            pid = pids.pop()
+        total = 0.0
+        for pid in process_tree(self.proc.pid):
             with contextlib.suppress(OSError):
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-                for task in Path(f"/proc/{pid}/task").iterdir():
-                    pids += [int(child) for child in (task / "children").read_text().split()]
         return total
 
     def stop(self) -> None:

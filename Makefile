@@ -74,7 +74,7 @@ $(VENV)/.installed-bench: $(VENV)/.installed-dev pyproject.toml
 	$(PIP) install -q -e ".[bench]" "$(TORCH_SPEC)"
 	touch $@
 
-BENCH_ARGS ?= --model-size m --concurrency 1,8,32,64
+BENCH_ARGS ?= --model-size m --concurrency 1,8,32,64 --rounds 3
 
 bench: $(VENV)/.installed-bench
 	$(PY) scripts/bench.py $(BENCH_ARGS)

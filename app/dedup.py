@@ -35,7 +35,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import fields
 
 from app.dedup_flight import Flight, SharedGeneration
 from app.dedup_store import Claim, LocalResults, RedisDedupStore
@@ -60,6 +60,9 @@ def wants_fresh(headers: Mapping[str, str]) -> bool:
     return "no-cache" in directives or "no-store" in directives
 
 
+_PARAM_FIELDS = tuple(f.name for f in fields(SamplingParams))
+
+
 def request_fingerprint(
     *, model: str, endpoint: str, prompts: Sequence[Sequence[int]], choices: Sequence[SamplingParams]
 ) -> str | None:
@@ -70,7 +73,9 @@ def request_fingerprint(
     if not (params.is_greedy or params.seed is not None):
         return None
     # Every SamplingParams field, so a field added later is part of the key without a change here.
-    canonical = {"v": 1, "model": model, "endpoint": endpoint, "prompt": list(prompts[0]), "params": asdict(params)}
+    # Shallow (no field is a dataclass): `asdict` deep-copies, a third of this function's time.
+    fields_ = {name: getattr(params, name) for name in _PARAM_FIELDS}
+    canonical = {"v": 1, "model": model, "endpoint": endpoint, "prompt": list(prompts[0]), "params": fields_}
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

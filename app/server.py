@@ -54,8 +54,9 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
 
     async def load() -> None:
         if state.redis is not None:
-            # One connection per request the engine runs at once, opened before any burst comes.
-            await state.redis.warm(settings.max_num_seqs)
+            # Wait for Redis a little (it may be starting beside us), then open one connection per
+            # request the engine runs at once, before any burst comes.
+            await state.redis.connect(attempts=settings.redis_connect_attempts, num_connections=settings.max_num_seqs)
         try:
             # The engine process logs like this one (same level, format and stream).
             # With SURGE_TRACEMALLOC set it is traced too (app/diagnostics.py).

@@ -49,6 +49,13 @@ OPTIONS: tuple[Option, ...] = (
         "`tiny` (embedded, built offline), `echo` (no model: measures serving overhead), a Hugging Face model"
         " directory, or a hub id",
     ),
+    Option("revision", str, "hub ids only: branch, tag or commit to download; empty = the default branch"),
+    Option(
+        "download_attempts",
+        int,
+        "hub ids only: tries of a download that fails transiently (connection errors, timeouts, 429, 5xx),"
+        " with exponential backoff",
+    ),
     Option("host", str, "address to listen on"),
     Option("port", int, "port to listen on"),
     Option("device", str, "`auto` picks CUDA when torch sees a GPU", choices=("auto", "cpu", "cuda")),
@@ -76,6 +83,12 @@ OPTIONS: tuple[Option, ...] = (
         " `thread`: on a thread of the server's process",
         choices=("process", "thread"),
     ),
+    Option(
+        "engine_nice",
+        int,
+        "nice value of the engine process (process mode): on a busy CPU the HTTP server (refusals, probes,"
+        " stream writes) runs before model compute; 0 = the same priority",
+    ),
     Option("max_body_bytes", int, "largest accepted request body (413 beyond)"),
     Option("keepalive_seconds", float, "SSE keep-alive comment interval while a stream is silent"),
     Option("log_level", str, "log level", choices=("debug", "info", "warning", "error")),
@@ -90,6 +103,11 @@ OPTIONS: tuple[Option, ...] = (
     # --- traffic layer: shared state -------------------------------------------------------
     Option("redis_url", str, "Redis for state shared by replicas (e.g. redis://host:6379/0); empty = in-process"),
     Option("redis_timeout_ms", int, "longest wait on Redis per decision; beyond it, fail open to in-process state"),
+    Option(
+        "redis_connect_attempts",
+        int,
+        "tries to reach Redis at start-up, with exponential backoff; after the last, start on in-process state",
+    ),
     # --- rate limits --------------------------------------------------------------------------
     Option("rate_limit_rpm", int, "requests per minute per API key (per client address without keys); 0 = off"),
     Option("rate_limit_tpm", int, "tokens (prompt + max_tokens) per minute per API key; 0 = off"),
@@ -123,6 +141,8 @@ OPTIONS: tuple[Option, ...] = (
 @dataclass(frozen=True, slots=True)
 class Settings:
     model: str = "tiny"
+    revision: str = ""
+    download_attempts: int = 5
     host: str = "127.0.0.1"
     port: int = 8000
     device: str = "auto"
@@ -135,6 +155,7 @@ class Settings:
     cors_origin: tuple[str, ...] = ()
     num_threads: int = 1
     engine_mode: str = "process"
+    engine_nice: int = 3
     max_body_bytes: int = 8 * 1024 * 1024
     keepalive_seconds: float = 5.0
     log_level: str = "info"
@@ -143,6 +164,7 @@ class Settings:
     shutdown_grace_seconds: float = 30.0
     redis_url: str = ""
     redis_timeout_ms: int = 200
+    redis_connect_attempts: int = 5
     rate_limit_rpm: int = 0
     rate_limit_tpm: int = 0
     keys_file: str = ""
@@ -179,6 +201,8 @@ class Settings:
             raise ValueError("shutdown_delay_seconds and shutdown_grace_seconds must not be negative")
         if self.redis_timeout_ms <= 0:
             raise ValueError("redis_timeout_ms must be positive")
+        if self.redis_connect_attempts < 1:
+            raise ValueError("redis_connect_attempts must be at least 1")
         if self.rate_limit_rpm < 0 or self.rate_limit_tpm < 0:
             raise ValueError("rate limits must be 0 (off) or positive")
         if self.rate_limit_replicas < 1:
@@ -188,11 +212,19 @@ class Settings:
         if self.dedup_ttl_seconds < 0:
             raise ValueError("dedup_ttl_seconds must be 0 (off) or positive")
         engine = EngineConfig(
-            model=ModelConfig(self.model, self.device, self.dtype, self.num_threads),
+            model=ModelConfig(
+                self.model,
+                self.device,
+                self.dtype,
+                self.num_threads,
+                revision=self.revision,
+                download_attempts=self.download_attempts,
+            ),
             scheduler=SchedulerConfig(
                 self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len, self.max_queue_seconds
             ),
             separate_process=self.engine_mode == "process",
+            nice=self.engine_nice,
         )
         object.__setattr__(self, "engine", engine)
         thresholds = self.degrade_thresholds.strip().lower()

@@ -24,8 +24,15 @@ def event(data: str) -> bytes:
     return b"data: " + data.encode() + b"\n\n"
 
 
+class LastEvents(bytes):
+    """A stream's final bytes (the last tokens, usage, `[DONE]`): written together with the end
+    of the chunked body, one write instead of three. On loopback each write runs the receiver's
+    TCP path inside the sender's syscall: writes were a fifth of the HTTP process's CPU."""
+
+
 class SSEResponse(StreamingResponse):
-    """A StreamingResponse that always runs `on_close` when it ends, however it ends.
+    """A StreamingResponse that always runs `on_close` when it ends, however it ends, and ends the
+    body with a `LastEvents` chunk when the events end with one.
 
     NOTE: if the client is gone before the first chunk, Starlette cancels the response without
     ever starting the body generator, so a `finally` inside the generator never runs; the
@@ -37,6 +44,18 @@ class SSEResponse(StreamingResponse):
     ) -> None:
         super().__init__(events, media_type="text/event-stream", headers={**HEADERS, **(headers or {})})
         self._on_close = on_close
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        ended = False
+        async for chunk in self.body_iterator:
+            if ended:  # nothing may follow the end; the generator still runs to its own end
+                continue
+            ended = isinstance(chunk, LastEvents)
+            body = chunk.encode(self.charset) if isinstance(chunk, str) else bytes(chunk)
+            await send({"type": "http.response.body", "body": body, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

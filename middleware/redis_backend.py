@@ -10,6 +10,12 @@ module owns the one connection pool and the health flag they share:
   calls fail at once with `RedisUnavailable` instead of waiting on a dead socket;
 - while down, one call per `probe_interval` is let through; when it succeeds Redis is up again,
   so service returns to Redis within about `probe_interval` of Redis coming back.
+
+Retries (tenacity) happen only off the request path: at start-up `connect` waits for Redis for a
+bounded number of attempts with backoff (a pod often starts beside a Redis that is starting too).
+Request-path calls are never retried: their fallback is better than waiting, and a command whose
+reply was lost may already have run (a token charged, a lease taken), so running it again is
+not safe.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 log = logging.getLogger("surge.redis")
 
@@ -30,6 +37,17 @@ T = TypeVar("T")
 # Event-loop turns given after the timeout to a reply that arrived while the loop was busy: a
 # command on an open connection takes 5 turns from send to result (a new connection 19).
 _GRACE_TURNS = 8
+
+
+# What "Redis is not there (yet)" looks like at connect time: refused, reset, timed out.
+_UNREACHABLE = (RedisError, OSError, asyncio.TimeoutError)
+
+
+def _describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "no error"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class RedisUnavailable(Exception):
@@ -111,6 +129,54 @@ class RedisBackend:
                 self._in_background(self.warm(self._warm_size))
         return result
 
+    async def connect(
+        self,
+        *,
+        attempts: int,
+        num_connections: int,
+        initial_wait: float = 0.2,
+        max_wait: float = 2.0,
+        attempt_timeout: float = 1.0,
+    ) -> bool:
+        """At start-up: wait for Redis (at most `attempts` pings, backoff between them), then open
+        `num_connections` pooled connections. False when Redis never answered: the server starts
+        on in-process state and the probe in `call` finds Redis when it comes."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_exponential_jitter(initial=initial_wait, max=max_wait, jitter=initial_wait),
+            retry=retry_if_exception_type(_UNREACHABLE),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await asyncio.wait_for(self.client.ping(), attempt_timeout)
+        except _UNREACHABLE as exc:
+            log.warning(
+                "redis at %s did not answer in %d attempts (%s); starting on in-process state",
+                self.url,
+                attempts,
+                _describe(exc),
+            )
+            self._mark_down(exc)
+            self._warm_size = num_connections  # opened when the probe finds Redis again
+            return False
+        self.is_up = True
+        await self.warm(num_connections)
+        return True
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning(
+            "redis at %s: attempt %d failed (%s); retrying in %.2f s",
+            self.url,
+            state.attempt_number,
+            _describe(exc),
+            wait,
+        )
+
     async def warm(self, num_connections: int) -> None:
         """Open `num_connections` pooled connections now, so that a burst of requests finds them
         open: a new connection takes ~19 turns of the event loop, and under a burst each turn
@@ -121,7 +187,7 @@ class RedisBackend:
             *(self.call(lambda r: r.ping()) for _ in range(num_connections)), return_exceptions=True
         )
         if all(isinstance(result, BaseException) for result in results):
-            log.warning("redis at %s did not answer at start-up; starting on in-process state", self.url)
+            log.warning("redis at %s: none of %d new connections answered", self.url, num_connections)
 
     def _drop_idle_connections(self) -> None:
         """Close the pool's idle connections, in the background (the failing call does not wait).

@@ -42,8 +42,16 @@ class ModelConfig:
     # the event loop on small machines (see FACTS.md).
     num_threads: int = 1
     trust_remote_code: bool = False
+    # Hub ids only: the branch, tag or commit to download ("" = the repository's default branch).
+    revision: str = ""
+    # Hub ids only: tries of a download that fails transiently (connection errors, timeouts, 429 and
+    # 5xx from the hub), with exponential backoff between them; an error that retrying cannot
+    # change (no such repository, gated, offline mode) fails at once.
+    download_attempts: int = 5
 
     def __post_init__(self) -> None:
+        if self.download_attempts < 1:
+            raise ValueError("download_attempts must be at least 1")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
@@ -59,3 +67,11 @@ class EngineConfig:
     # The engine in a child process (its Python does not share the server's GIL), or on a
     # thread of the server's process (tests that reach into the engine; debugging).
     separate_process: bool = True
+    # The engine process's nice value (process mode): on a busy CPU the HTTP process, which
+    # refuses, answers probes and writes streams, runs first; the model gets every cycle it
+    # does not need. 0: the same priority as the server.
+    nice: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.nice <= 19:
+            raise ValueError("the engine's nice value must be between 0 and 19")

@@ -20,6 +20,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import select
 import struct
 import threading
 import time
@@ -162,9 +163,14 @@ class EngineProcess:
     def stop(self, timeout: float = 10.0) -> None:
         """Ask the child to stop (it fails what is still open), wait for it, then make sure."""
         self._stopping = True
-        with contextlib.suppress(OSError, ValueError):
-            self._send_stop()
-        self._process.join(timeout)
+        started = time.monotonic()
+        try:
+            self._send_stop(timeout)
+        except TimeoutError as exc:
+            log.warning("%s", exc)
+        except (OSError, ValueError):
+            pass  # the child is gone already
+        self._process.join(max(0.0, timeout - (time.monotonic() - started)))
         if self._process.is_alive():
             log.warning("the engine process did not stop in %.0f s; killing it", timeout)
             self._process.kill()
@@ -262,18 +268,24 @@ class EngineProcess:
         with self._send_lock:
             self._flush()
 
-    def _send_stop(self) -> None:
-        """STOP, from any thread (the server stops the engine from a worker thread): written
-        blocking, after whatever is still queued, so the child reads everything before it."""
+    def _send_stop(self, timeout: float) -> None:
+        """STOP, from any thread (the server stops the engine from a worker thread): written after
+        whatever is still queued, so the child reads everything before it; within `timeout`, as
+        a child too frozen to read its pipe must not hold up shutdown (stop() kills it)."""
         payload = pickle.dumps((STOP,), protocol=pickle.HIGHEST_PROTOCOL)
+        deadline = time.monotonic() + timeout
         with self._send_lock:
             data = bytes(self._outgoing) + struct.pack("!i", len(payload)) + payload
             self._outgoing.clear()
             fd = self._requests.fileno()
-            os.set_blocking(fd, True)
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view) :]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"the engine process read no STOP in {timeout:.0f} s")
+                if select.select([], [fd], [], remaining)[1]:
+                    with contextlib.suppress(BlockingIOError):  # the fd stays non-blocking
+                        view = view[os.write(fd, view) :]
 
     def _on_readable(self) -> None:
         messages = self._messages

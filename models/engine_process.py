@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -152,6 +153,9 @@ def serve_engine(
     """The engine process's main function (the target of `multiprocessing.Process`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if config.nice:
+        # Before any thread starts: Linux nice values are per thread, and new threads inherit it.
+        os.nice(config.nice)
     if init is not None:
         init()  # the server's logging set-up
     try:

@@ -34,16 +34,26 @@ class LoadSnapshot:
 MIN_FINISHES_FOR_ERROR_RATE = 20
 
 
+# How old a `window()` result may be. NOTE: it sorts every sample of the window (thousands under
+# load) and every request's admission asks for it, as does every 503 (its Retry-After): computed
+# afresh each time it was ~15% of the HTTP process's CPU per request. Load shedding reacts over
+# seconds; 100 ms of staleness changes nothing.
+WINDOW_MAX_AGE_SECONDS = 0.1
+
+
 class LoadStats:
     def __init__(
         self,
         window_seconds: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         min_finishes: int = MIN_FINISHES_FOR_ERROR_RATE,
+        max_age_seconds: float = WINDOW_MAX_AGE_SECONDS,
     ) -> None:
         self.window_seconds = window_seconds
         self.clock = clock
         self.min_finishes = min_finishes
+        self.max_age_seconds = max_age_seconds
+        self._cached: tuple[float, tuple[float, float, float]] | None = None  # (computed at, result)
         self._lock = threading.Lock()
         self._queue_times: deque[tuple[float, float]] = deque()  # (at, seconds)
         self._ttfts: deque[tuple[float, float]] = deque()
@@ -71,8 +81,13 @@ class LoadStats:
             _drop_before(self._finishes, now - self.window_seconds)
 
     def window(self) -> tuple[float, float, float]:
-        """(queue time p90, TTFT p90, error rate) over the last window_seconds."""
-        horizon = self.clock() - self.window_seconds
+        """(queue time p90, TTFT p90, error rate) over the last window_seconds, as of at most
+        `max_age_seconds` ago."""
+        now = self.clock()
+        cached = self._cached
+        if cached is not None and 0.0 <= now - cached[0] < self.max_age_seconds:
+            return cached[1]
+        horizon = now - self.window_seconds
         with self._lock:
             for events in (self._queue_times, self._ttfts, self._finishes):
                 _drop_before(events, horizon)
@@ -81,7 +96,9 @@ class LoadStats:
             num_errors = sum(1 for _, is_error in self._finishes if is_error)
             num_finished = len(self._finishes)
         error_rate = num_errors / num_finished if num_finished >= max(1, self.min_finishes) else 0.0
-        return _p90(queue_times), _p90(ttfts), error_rate
+        result = (_p90(queue_times), _p90(ttfts), error_rate)
+        self._cached = (now, result)
+        return result
 
 
 def _drop_before(events: deque[tuple[float, Any]], horizon: float) -> None:

@@ -1,5 +1,8 @@
 """Loads a causal LM and its tokenizer: the embedded tiny model, a local directory or a hub id.
 
+A hub id is first fetched into the local cache (models/hub.py, with retries), so everything
+after that, the server's tokenizer included, reads one local directory and needs no network.
+
 Everything goes through `AutoModelForCausalLM` / `AutoTokenizer`, so the embedded model takes
 the same path as any real one. The one exception is `echo` (models/echo.py): the tiny
 tokenizer and no weights at all, for measuring the server without a model.
@@ -15,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from models import hub
 from models.config import EngineConfig, ModelConfig
 from models.echo import ECHO_MODEL
 from models.tokenizer import Tokenizer
@@ -28,7 +32,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class LoadedModel:
     model: PreTrainedModel | None  # None: the echo model, which has no weights
     tokenizer: Tokenizer
-    path: str  # the directory or hub id it came from
+    path: str  # the local directory it loaded from (for a hub id, the cached snapshot)
     max_position_embeddings: int | None
     vocab_size: int  # the width of the logits (may be padded past the tokenizer's)
 
@@ -50,12 +54,18 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def resolve_model_path(model: str) -> str:
+def resolve_model_path(model: str, revision: str = "", attempts: int = 5) -> str:
+    """The local directory of `model`: the embedded tiny model, an existing path, or a hub id fetched now."""
     if model == "tiny":
         from models.tiny import ensure_tiny
 
         return str(ensure_tiny())
-    return model
+    if Path(model).expanduser().exists():
+        return model
+    if not hub.is_repo_id(model):
+        raise ValueError(f"model {model!r}: not a directory and not a hub id")
+    log.info("downloading %s (revision %s) from the hub", model, revision or "default")
+    return hub.download(model, revision=revision, attempts=attempts)
 
 
 def load_model(config: ModelConfig) -> LoadedModel:
@@ -67,7 +77,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     dtype = resolve_dtype(config.dtype, device)
     started = time.perf_counter()
     log.info("resolving model %s", config.model)
-    path = resolve_model_path(config.model)
+    path = resolve_model_path(config.model, config.revision, config.download_attempts)
     log.info("loading tokenizer from %s", path)
     hf_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
     size = _weights_size(path)
@@ -143,7 +153,7 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 def _weights_size(path: str) -> int:
-    """Bytes of weight files in a local model directory; 0 for a hub id (not downloaded yet)."""
+    """Bytes of weight files in a local model directory; 0 when there are none at its top level."""
     directory = Path(path)
     if not directory.is_dir():
         return 0

@@ -46,6 +46,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -417,6 +418,33 @@ def measure(
     return {**row, **summarize(results, wall_s)}, results
 
 
+def combine_rounds(rows: list[dict[str, Any]], results: list[list[RequestResult]]) -> list[dict[str, Any]]:
+    """One row per system and concurrency from its rounds: medians of tokens/s, req/s and the ratio
+    to that round's ceiling (the ratio is taken within a round, where the drift is shared); latency
+    percentiles over every round's requests pooled; errors summed; the largest peak RSS."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, row in enumerate(rows):
+        groups.setdefault((row["system"], row.get("stack"), row["concurrency"], row["load"]), []).append(index)
+    combined = []
+    for indices in groups.values():
+        members = [rows[i] for i in indices]
+        row = dict(members[-1])
+        if row["system"] != "ceiling":
+            pooled = [r for i in indices for r in results[i]]
+            row |= summarize(pooled, sum(m["wall_s"] for m in members))
+            row["errors"] = sorted({e for m in members for e in m["errors"]})[:5]
+            rss = [m["peak_rss_mib"] for m in members if m.get("peak_rss_mib") is not None]
+            row["peak_rss_mib"] = max(rss) if rss else None
+            for key in ("requests_per_s", "vs_ceiling"):
+                values = [m[key] for m in members if m.get(key) is not None]
+                row[key] = statistics.median(values) if values else None
+        row["tokens_per_s"] = statistics.median(m["tokens_per_s"] for m in members)
+        row["rounds"] = len(members)
+        row.pop("round", None)
+        combined.append(row)
+    return combined
+
+
 # ---------------------------------------------------------------- raw ceiling and model (subprocesses)
 
 
@@ -515,6 +543,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--rate", type=float, help="also run an open loop: Poisson arrivals at this many requests/s per system"
     )
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals for --rate")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="closed-loop measurements per system and concurrency, interleaved (ceiling, surge, peer, ...) "
+        "so that the machine's drift hits every system alike; rows report the median (naive runs once)",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--no-ceiling", action="store_true")
@@ -540,6 +575,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if not names or unknown or len(set(names)) != len(names):
             parser.error(f"--systems takes distinct names among {', '.join(SYSTEMS)}; got {args.systems!r}")
         args.systems = names
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.rate is not None and (args.rate <= 0 or args.duration <= 0):
         parser.error("--rate and --duration must be positive")
     return args
@@ -560,42 +597,58 @@ def main(argv: list[str]) -> int:
         f"`completion tok`); {args.requests_per_client} request(s) per client, closed loop{open_loop}; "
         f"torch threads {args.threads}. Ceiling: batch = concurrency, {CEILING_PROMPT_TOKENS}-token prompts, "
         "prefill + greedy decode loop, best of 2 after a warmup."
+        + (
+            f" {args.rounds} rounds, interleaved (each round: the ceiling, then every system on a fresh server;"
+            " naive in the first only); tokens/s, req/s and vs ceiling are medians of the rounds, latencies"
+            " pool every round's requests."
+            if args.rounds > 1
+            else ""
+        )
     )
     print(f"Command: {command}\nMachine: {machine}\nModel: {model_dir}\nSystems: {args.systems}", flush=True)
-    runs: list[tuple[LoadSpec, str, StackMode | None]] = []  # every measurement, in order
+    runs: list[tuple[LoadSpec, str, StackMode | None, int]] = []  # every measurement, in order
     specs = [LoadSpec(c, args.requests_per_client, args.max_tokens, args.prompt_words) for c in args.concurrency]
     if args.rate is not None:
         specs.append(LoadSpec(4, 1, args.max_tokens, args.prompt_words, rate=args.rate, duration_s=args.duration))
     for spec in specs:
-        for system in args.systems:
-            stacks: list[StackMode | None] = (args.stack or [None]) if system == "surge" else [None]
-            runs += [(spec, system, stack) for stack in stacks]
-    rows: list[dict[str, Any]] = []
+        for round_ in range(args.rounds if spec.rate is None else 1):
+            for system in args.systems:
+                if system == "naive" and round_ > 0:
+                    continue  # ten times slower than the others: drift cannot move its ratios, and it takes long
+                stacks: list[StackMode | None] = (args.stack or [None]) if system == "surge" else [None]
+                runs += [(spec, system, stack, round_) for stack in stacks]
+    rows: list[dict[str, Any]] = []  # one per measurement (per round)
     raw: list[dict[str, Any]] = []
-    ceilings: dict[int, dict[str, Any]] = {}
-    bar = tqdm(total=sum(num_requests(spec) for spec, _, _ in runs), unit="req", file=sys.stderr)
+    results_by_row: list[list[RequestResult]] = []
+    ceilings: dict[tuple[int, int], dict[str, Any]] = {}  # (concurrency, round) -> the ceiling's row
+    bar = tqdm(total=sum(num_requests(spec) for spec, _, _, _ in runs), unit="req", file=sys.stderr)
     bar.disable = args.no_progress
     with bar:
-        for spec, system, stack in runs:
+        for spec, system, stack, round_ in runs:
             concurrency = spec.concurrency
-            if spec.rate is None and not args.no_ceiling and concurrency not in ceilings:
+            if spec.rate is None and not args.no_ceiling and (concurrency, round_) not in ceilings:
                 bar.set_description(f"ceiling B={concurrency}")
-                ceiling = ceilings[concurrency] = run_ceiling(model_dir, concurrency, args.threads, args.max_tokens)
-                rows.append({"system": "ceiling", "concurrency": concurrency, "load": "batch", **ceiling})
+                ceiling = run_ceiling(model_dir, concurrency, args.threads, args.max_tokens)
+                ceiling_row = {"system": "ceiling", "concurrency": concurrency, "load": "batch", "round": round_}
+                rows.append(ceiling_row | ceiling)
+                results_by_row.append([])
+                ceilings[concurrency, round_] = rows[-1]
                 bar.write(f"ceiling B={concurrency}: {ceiling['tokens_per_s']:.1f} tok/s", file=sys.stdout)
             sut = make_server(system, model_dir, concurrency, args, stack)
             bar.set_description(f"{sut.name} {load_label(spec) if spec.rate else f'c={concurrency}'}")
             done_before = bar.n
             row, results = measure(sut, spec, on_done=lambda: bar.update(1))
             bar.update(max(0, done_before + num_requests(spec) - bar.n))  # a failed start, or fewer arrivals
+            row["round"] = round_
             if stack is not None:
                 row["stack"] = stack.name
-            ceiling = ceilings.get(concurrency) if spec.rate is None else None
+            ceiling = ceilings.get((concurrency, round_)) if spec.rate is None else None
             if ceiling is not None and row["tokens_per_s"]:
                 row["vs_ceiling"] = row["tokens_per_s"] / ceiling["tokens_per_s"]
             rows.append(row)
+            results_by_row.append(results)
             raw.append(
-                {"system": sut.name, "concurrency": row["concurrency"], "load": row["load"]}
+                {"system": sut.name, "concurrency": row["concurrency"], "load": row["load"], "round": round_}
                 | {"requests": [asdict(r) for r in results]}
             )
             redis_note = f", {row['redis_commands']} redis commands" if "redis_commands" in row else ""
@@ -607,12 +660,17 @@ def main(argv: list[str]) -> int:
             for error in row["errors"]:
                 bar.write(f"  error: {error}", file=sys.stderr)
 
+    round_rows = rows
+    if args.rounds > 1:
+        rows = combine_rounds(round_rows, results_by_row)
     add_vs_off(rows)
-    table = render(rows, machine, command, note)
+    table = render(rows, machine, command, note, round_rows if args.rounds > 1 else None)
     print("\n" + table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table)
     report = {"command": command, "machine": machine, "model_dir": str(model_dir), "rows": rows, "raw": raw}
+    if args.rounds > 1:
+        report["round_rows"] = round_rows
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     if not args.no_plots and is_plottable():
         for path in write_plots(rows, args.out.parent, title=model_dir.name):

@@ -17,12 +17,12 @@ import socket
 import subprocess
 import tempfile
 import time
-from types import TracebackType
 
 from tests.ports import free_port
+from tests.service import Service
 
 
-class RedisServer:
+class RedisServer(Service):
     def __init__(self, port: int | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
@@ -89,12 +89,3 @@ class RedisServer:
                 self.proc.kill()
                 self.proc.wait(10)
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> RedisServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -21,13 +21,14 @@ import socket
 import time
 from collections import deque
 from multiprocessing.sharedctypes import Synchronized
-from types import TracebackType
+
+from tests.service import Service
 
 CHUNK_BYTES = 65536
 _CTX = multiprocessing.get_context("spawn")
 
 
-class TcpProxy:
+class TcpProxy(Service):
     def __init__(self, target_port: int, *, target_host: str = "127.0.0.1") -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -80,15 +81,6 @@ class TcpProxy:
         with self._drops.get_lock():
             self._drops.value += 1
         time.sleep(0.05)  # the child looks every few milliseconds
-
-    def __enter__(self) -> TcpProxy:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 # --- the child process ------------------------------------------------------------------------------

@@ -60,7 +60,48 @@ def add_vs_off(rows: list[dict[str, Any]]) -> None:
             row["vs_off_ttft_p50"] = row["ttft_p50_s"] / base["ttft_p50_s"]
 
 
-def render(rows: list[dict[str, Any]], machine: dict[str, Any], command: str, note: str) -> str:
+# The rounds section: each measurement of a `--rounds` run, and the ratios the targets are stated in.
+# fmt: off
+ROUND_COLUMNS: tuple[tuple[str, str, int | None], ...] = (
+    ("concurrency", "concurrency", None), ("round", "round", None), ("ceiling tok/s", "ceiling", 1),
+    ("surge tok/s", "surge", 1), ("transformers tok/s", "transformers", 1),
+    ("surge vs ceiling", "surge_vs_ceiling", None), ("surge vs transformers", "surge_vs_peer", None),
+    ("TTFT p99 surge / transformers", "ttft_p99_vs_peer", None),
+)
+# fmt: on
+
+
+def round_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (concurrency, round): tokens/s of the ceiling, surge and `transformers serve`, and surge's
+    ratios to the other two within that round."""
+    by_round: dict[tuple[Any, Any], dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("round") is None or row.get("stack") is not None or row["load"] not in ("batch", "closed"):
+            continue
+        by_round.setdefault((row["concurrency"], row["round"]), {})[row["system"]] = row
+    out = []
+    for (concurrency, round_), systems in sorted(by_round.items()):
+        line: dict[str, Any] = {"concurrency": concurrency, "round": round_ + 1}
+        for name in ("ceiling", "surge", "transformers"):
+            line[name] = systems[name]["tokens_per_s"] if name in systems else None
+        if line["surge"] and line["ceiling"]:
+            line["surge_vs_ceiling"] = line["surge"] / line["ceiling"]
+        if line["surge"] and line["transformers"]:
+            line["surge_vs_peer"] = line["surge"] / line["transformers"]
+            ours, theirs = systems["surge"].get("ttft_p99_s"), systems["transformers"].get("ttft_p99_s")
+            if ours is not None and theirs:
+                line["ttft_p99_vs_peer"] = ours / theirs
+        out.append(line)
+    return out
+
+
+def render(
+    rows: list[dict[str, Any]],
+    machine: dict[str, Any],
+    command: str,
+    note: str,
+    round_rows: list[dict[str, Any]] | None = None,
+) -> str:
     loadavg = " / ".join(f"{x:.2f}" for x in machine["loadavg"])
     lines = [
         f"Command: `{command}`",
@@ -72,6 +113,16 @@ def render(rows: list[dict[str, Any]], machine: dict[str, Any], command: str, no
         "",
         *markdown_table(COLUMNS, rows),
     ]
+    if round_rows is not None:
+        lines += [
+            "",
+            "### Rounds",
+            "",
+            "Each round's measurements, one after another; ratios are taken within a round, where the "
+            "machine's drift is shared.",
+            "",
+            *markdown_table(ROUND_COLUMNS, round_ratios(round_rows)),
+        ]
     stack_rows = [row for row in rows if row.get("stack") is not None]
     if any("vs_off_tokens_per_s" in row for row in stack_rows):
         lines += [

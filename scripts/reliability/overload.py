@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import random
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script:
 from app.loadtest.report import percentile
 from app.loadtest.workload import WORD_POOL, poisson_arrivals
 from scripts.reliability.common import (
+    CLIENT_NICE,
     Attempt,
     CpuMeter,
     Criterion,
@@ -50,6 +53,7 @@ from scripts.reliability.common import (
     level_steps,
     load_average,
     machine_line,
+    on_a_niced_thread,
     render_report,
     render_steps,
     scrape,
@@ -76,6 +80,8 @@ class OverloadConfig:
     skip_s: float = 10.0  # of the overload, not counted in goodput: the queue fills up
     sdk_fraction: float = 0.2
     probe_rate: float = 4.0  # requests/s of the separate probe process (scripts/reliability/probe.py)
+    client_nice: int = CLIENT_NICE  # the load generator's (see common.on_a_niced_thread)
+    extra_server_args: tuple[str, ...] = ()  # --server-arg
     # Degradation: a full queue scores max_queued / queue_depth = 2, i.e. level 2 (clamps and no
     # logprobs, which cost this load nothing); level 3's canned replies would not be goodput.
     degrade_queue_depth: int = 16
@@ -106,7 +112,7 @@ class OverloadConfig:
             args += ["--degrade-queue-seconds", str(self.degrade_queue_seconds)]
         if self.degrade_ttft_seconds is not None:
             args += ["--degrade-ttft-seconds", str(self.degrade_ttft_seconds)]
-        return args
+        return args + list(self.extra_server_args)
 
 
 # Seconds, not minutes: what `make test` runs. Only queue depth drives the level (the 30 s
@@ -212,7 +218,9 @@ async def measure_capacity(config: OverloadConfig, server: SurgeServer, model: s
     )
 
 
-async def drive_overload(config: OverloadConfig, server: SurgeServer, model: str, capacity: Capacity) -> OverloadRun:
+async def drive_overload(
+    config: OverloadConfig, server: SurgeServer, model: str, capacity: Capacity, probe: subprocess.Popen[bytes]
+) -> OverloadRun:
     import openai  # only the overload phase needs the SDK
 
     rate = config.factor * capacity.requests_per_s
@@ -270,15 +278,10 @@ async def drive_overload(config: OverloadConfig, server: SurgeServer, model: str
             return Logical("sdk", attempt)
 
         probe_body = chat_body(model, _prompt(rng, run_id, -1, config.prompt_words), config.max_new_tokens)
-        probe = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(Path(__file__).with_name("probe.py")),
-            url,
-            str(config.probe_rate),
-            str(config.overload_s),
-            json.dumps(probe_body),
-            stdout=asyncio.subprocess.PIPE,
-        )
+        assert probe.stdin is not None
+        probe_plan = {"url": url, "rate": config.probe_rate, "duration_s": config.overload_s, "body": probe_body}
+        probe.stdin.write(json.dumps(probe_plan).encode() + b"\n")
+        probe.stdin.flush()
         meter = CpuMeter(server)
 
         async def meter_window() -> None:
@@ -299,7 +302,7 @@ async def drive_overload(config: OverloadConfig, server: SurgeServer, model: str
         logical = list(await asyncio.gather(*tasks))
         load_end = time.perf_counter() - sampler.t0
         await metering
-        probe_out, _ = await probe.communicate()
+        probe_out, _ = await asyncio.to_thread(probe.communicate)
         probes = [json.loads(line) for line in probe_out.decode().splitlines() if line.strip()]
         await asyncio.sleep(0.5)  # the server counts a request just after its last byte went out
         after = await sampler.sample_once(client)
@@ -465,6 +468,9 @@ def render(run: OverloadRun, criteria: list[Criterion], command: str) -> str:
         f"Command: `{command}`",
         f"Machine: {machine_line()}; load average (1/5/15 min) {' -> '.join(run.load_averages)}.",
         f"Server: `surge serve --model {config.model} {' '.join(config.server_args())}`.",
+        f"Load generator at nice {config.client_nice} (it stands for clients on other machines; on this box it"
+        " would otherwise take the server's CPU); the server and the probe at nice 0, the engine process at"
+        " the server's --engine-nice.",
         f"Requests: streaming chat, {config.prompt_words}-word prompts (~32 tokens), "
         f"{config.min_new_tokens}-{config.max_new_tokens} new tokens, greedy, ignore_eos.",
         f"Capacity (closed loop, {config.max_num_seqs} users, {cap.window_s:g} s after {config.capacity_warmup_s:g} s "
@@ -483,14 +489,34 @@ def render(run: OverloadRun, criteria: list[Criterion], command: str) -> str:
     return render_report("Overload", context, criteria, [])
 
 
-async def run_overload(config: OverloadConfig, log_path: Path) -> tuple[OverloadRun, SurgeServer]:
+@contextlib.contextmanager
+def probe_process() -> Iterator[subprocess.Popen[bytes]]:
+    """scripts/reliability/probe.py, started now (so at the caller's CPU priority, not the load
+    generator's); it waits for its plan on stdin."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("probe.py"))], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def run_overload(config: OverloadConfig, log_path: Path) -> tuple[OverloadRun, SurgeServer]:
     load_averages = [load_average()]
-    with surge_server(config.model, log_path, *config.server_args()) as server:
-        model = await served_model(server.url)
-        capacity = await measure_capacity(config, server, model)
-        load_averages.append(load_average())
-        run = await drive_overload(config, server, model, capacity)
-        load_averages.append(load_average())
+    with surge_server(config.model, log_path, *config.server_args()) as server, probe_process() as probe:
+
+        async def drive() -> OverloadRun:
+            model = await served_model(server.url)
+            capacity = await measure_capacity(config, server, model)
+            load_averages.append(load_average())
+            run = await drive_overload(config, server, model, capacity, probe)
+            load_averages.append(load_average())
+            return run
+
+        run = on_a_niced_thread(config.client_nice, lambda: asyncio.run(drive()))
         run.load_averages = load_averages
     return run, server
 
@@ -501,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="tiny", help="surge serve --model (default: tiny, the m size)")
     parser.add_argument("--overload-seconds", type=float, help="length of the overload phase")
     parser.add_argument("--factor", type=float, help="offered load / capacity (3)")
+    parser.add_argument("--server-arg", action="append", default=[], help="extra `surge serve` argument (repeatable)")
     parser.add_argument("--out", type=Path, help="also write the report here")
     parser.add_argument("--log", type=Path, help="the server's log (default: a temp file)")
     return parser
@@ -513,8 +540,9 @@ def main(argv: list[str] | None = None) -> int:
         config = replace(config, overload_s=args.overload_seconds)
     if args.factor is not None:
         config = replace(config, factor=args.factor)
+    config = replace(config, extra_server_args=tuple(args.server_arg))
     log_path = args.log or Path(tempfile.mkdtemp(prefix="surge-overload-")) / "server.log"
-    run, _ = asyncio.run(run_overload(config, log_path))
+    run, _ = run_overload(config, log_path)
     criteria = evaluate(run)
     command = "python scripts/reliability/overload.py " + " ".join(sys.argv[1:] if argv is None else argv)
     write_report(render(run, criteria, command.strip()) + f"\nServer log: {log_path}\n", args.out)

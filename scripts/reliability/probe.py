@@ -1,12 +1,13 @@
 """A light probe in its own process: how long a refusal takes, seen by a client that is not busy.
 
-    python scripts/reliability/probe.py URL RATE DURATION_S BODY_JSON   # JSON lines on stdout
+    python scripts/reliability/probe.py      # then one line on stdin: {"url", "rate", "duration_s", "body"}
 
 The overload driver's own client runs hundreds of streams on one event loop; on a 2-core machine
 its loop lags, and a 503 it measures includes that lag. This process only sends a request every
 1 / RATE seconds (each on its own thread, blocking httpx), notes the time to the status line and
 closes the connection at once (a request that was admitted is thereby aborted). One line per
-request: {"start_s", "status", "latency_s"}.
+request on stdout: {"start_s", "status", "latency_s"}. It is started before the load generator
+lowers its own CPU priority and waits for its plan on stdin, so it runs at the server's priority.
 """
 
 from __future__ import annotations
@@ -48,4 +49,5 @@ def probe(url: str, rate: float, duration_s: float, body: dict[str, object]) -> 
 
 
 if __name__ == "__main__":
-    probe(sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4]))
+    plan = json.loads(sys.stdin.readline())
+    probe(plan["url"], float(plan["rate"]), float(plan["duration_s"]), plan["body"])

@@ -7,6 +7,9 @@ engine and Redis are real.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
+import json
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -480,3 +483,12 @@ async def test_redis_killed_requests_are_computed_locally_and_nothing_hangs(engi
         assert start_q.num_calls == 1 and all(deltas(r) == deltas(results[0]) for r in results)
         await wait_idle(engine_b, replica)
         await backend.close()
+
+
+def test_the_fingerprint_keeps_its_canonical_form_across_versions() -> None:
+    """Replicas share keys through Redis, so one running the next version must compute the same
+    key: the sha256 of this JSON (the fields are now read without `asdict`'s deep copy)."""
+    p, params = prompt(4), greedy(16, stop=("x", "y"), logit_bias={5: 1.5, 2: -3.0}, seed=11)
+    canonical = {"v": 1, "model": MODEL, "endpoint": "chat", "prompt": list(p), "params": dataclasses.asdict(params)}
+    expected = hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert request_fingerprint(model=MODEL, endpoint="chat", prompts=[p], choices=[params]) == expected

@@ -72,3 +72,90 @@ async def test_connections_idle_when_redis_died_do_not_fail_it_again_once_it_is_
             assert backend.is_up and backend.num_fallbacks == 1
         finally:
             await backend.close()
+
+
+def _connected_clients(url: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return len(client.client_list()) - 1  # not this one
+    finally:
+        client.close()
+
+
+async def test_connect_waits_for_a_redis_that_starts_late(caplog: pytest.LogCaptureFixture) -> None:
+    """A pod often starts beside a Redis that is starting too: start-up retries with backoff, a
+    log line per retry, and opens the pool once Redis answers; no outage is counted."""
+    redis = RedisServer()  # its port is chosen; nothing listens yet
+    backend = RedisBackend(redis.url, timeout=0.2)
+    try:
+
+        async def start_later() -> None:
+            await asyncio.sleep(0.6)
+            await asyncio.to_thread(redis.start)
+
+        starter = asyncio.create_task(start_later())
+        with caplog.at_level("WARNING", logger="surge.redis"):
+            assert await backend.connect(attempts=20, num_connections=4, initial_wait=0.1, max_wait=0.2)
+        await starter
+        retries = [r for r in caplog.records if "retrying in" in r.getMessage()]
+        assert retries, "no retry was logged"
+        assert all(redis.url in r.getMessage() and "ConnectionError" in r.getMessage() for r in retries)
+        assert [int(r.getMessage().split("attempt ")[1].split()[0]) for r in retries] == list(
+            range(1, len(retries) + 1)
+        )
+        assert backend.is_up and backend.num_fallbacks == 0
+        assert _connected_clients(redis.url) >= 4  # the pool was opened
+        assert await backend.call(lambda r: r.set("k", "v")) is True
+    finally:
+        await backend.close()
+        redis.stop()
+
+
+async def test_connect_gives_up_after_its_attempts_and_the_probe_finds_redis_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    redis = RedisServer()
+    backend = RedisBackend(redis.url, timeout=0.2, probe_interval=0.2)
+    try:
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger="surge.redis"):
+            assert not await backend.connect(attempts=3, num_connections=4, initial_wait=0.05, max_wait=0.1)
+        assert time.monotonic() - started < 2.0  # three refused connects and two short waits
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("retrying in" in m for m in messages) == 2  # one line per retry, none after the last
+        assert any("did not answer in 3 attempts" in m for m in messages)
+        assert not backend.is_up and backend.num_fallbacks == 1
+        with pytest.raises(RedisUnavailable):  # while down, calls fail at once: the fallback's turn
+            await backend.call(lambda r: r.ping())
+
+        redis.start()
+        await asyncio.sleep(backend.probe_interval + 0.05)
+        assert await backend.call(lambda r: r.ping()) is True  # the probe: back on Redis
+        assert backend.is_up
+        for _ in range(50):  # the pool is opened again in the background
+            if _connected_clients(redis.url) >= 4:
+                break
+            await asyncio.sleep(0.02)
+        assert _connected_clients(redis.url) >= 4
+    finally:
+        await backend.close()
+        redis.stop()
+
+
+async def test_connect_to_a_frozen_redis_is_bounded_by_its_attempts() -> None:
+    with RedisServer() as redis:
+        redis.freeze()
+        backend = RedisBackend(redis.url, timeout=0.05)
+        try:
+            started = time.monotonic()
+            connected = await backend.connect(
+                attempts=3, num_connections=2, initial_wait=0.05, max_wait=0.05, attempt_timeout=0.2
+            )
+            elapsed = time.monotonic() - started
+            assert not connected and not backend.is_up
+            assert 0.6 <= elapsed < 1.5  # three attempts of 0.2 s each, two short waits between
+        finally:
+            redis.thaw()
+            await backend.close()

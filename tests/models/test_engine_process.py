@@ -5,6 +5,7 @@ that dies or fails to load, and a clean stop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -209,3 +210,26 @@ async def test_gpu_figures_come_from_the_engine_process(observed: tuple[AsyncEng
     core._handle((GPU, [("cuda:0", 123_456, 0.25)]))
     assert core.gpu_stats() == [("cuda:0", 123_456, 0.25)]
     core._gpu_stats = []
+
+
+async def test_stopping_a_frozen_child_with_a_full_pipe_does_not_hang(tiny_model_dir: Path) -> None:
+    """Regression: STOP was written with a blocking write after whatever was queued; a child that
+    no longer read its pipe (frozen, or stuck in a step) held shutdown forever. Now the write has
+    the stop timeout, and the child is killed after it."""
+    engine = await AsyncEngine.start(engine_config(tiny_model_dir))
+    child = child_of(engine)
+    pid = child.pid
+    assert pid is not None
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        for i in range(200):  # several pipes' worth, most of it queued in the server
+            engine.submit([(prompt(400, i), greedy(2))])
+        assert child._outgoing
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.to_thread(child.stop, 1.0)
+        assert loop.time() - started < 8.0  # 1 s for STOP and the join, then kill and reap
+        assert not pid_alive(pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)

@@ -264,3 +264,23 @@ def test_ensure_tiny_cleans_up_after_a_failed_build(monkeypatch: pytest.MonkeyPa
     with pytest.raises(RuntimeError, match="disk full"):
         tiny.ensure_tiny(tmp_path, size="s")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_greedy_text_never_stalls_on_a_partial_character(tiny_s: Path) -> None:
+    """Regression: random weights picked tokens holding part of a UTF-8 character as often as any
+    other, a run of them rarely formed a character, and every server withheld the stream's text
+    for dozens of tokens (benchmarks read that as seconds of time to first token). Those tokens'
+    output rows are zero now, so greedy decoding never picks one."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_s)
+    model = AutoModelForCausalLM.from_pretrained(tiny_s)
+    partial = [i for i in range(tiny.VOCAB_SIZE) if "\ufffd" in tokenizer.decode([i])]
+    assert len(partial) > 100  # the tokenizer has plenty (CJK, accented Latin split into bytes)
+    assert not model.get_output_embeddings().weight[partial].any()
+    rng = random.Random(0)
+    words = ["time", "year", "people", "way", "day", "world", "école", "数据", "naïve"]
+    prompts = [" ".join(rng.choices(words, k=8)) for _ in range(8)]
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    with torch.inference_mode():
+        out = model.generate(**batch, max_new_tokens=48, do_sample=False, eos_token_id=None, min_new_tokens=48)
+    generated = out[:, batch["input_ids"].shape[1] :]
+    assert not set(generated.flatten().tolist()) & set(partial)

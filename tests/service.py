@@ -1,0 +1,24 @@
+"""The `with X() as x:` shape shared by the test doubles that run beside a test: started on
+entry, stopped on exit, whatever the test did."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Self
+
+
+class Service:
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from fastapi import Request
 
@@ -15,6 +17,8 @@ from middleware.rate_limit import RateLimitCounts
 from middleware.redis_backend import RedisBackend
 from middleware.token_bucket import TokenBuckets
 from models.async_engine import AsyncEngine
+
+B = TypeVar("B")
 
 # Seconds a client should wait before retrying while the model loads or the engine is down.
 RETRY_AFTER_SECONDS = 5.0
@@ -71,3 +75,18 @@ async def refuse_when_queue_full(request: Request) -> None:
     admission = request.app.state.surge.admission
     if admission is not None:
         admission.check_queue()
+
+
+async def generation_inputs(
+    request: Request, parse_body: Callable[[Request], Awaitable[B]]
+) -> tuple[B, ServerState, AsyncEngine]:
+    """The parsed body, the server state and the engine of a generation route, in the order its
+    refusals come: a full queue before the body is read, a bad body (400) before the engine's
+    readiness (503) is asked.
+
+    NOTE: plain calls rather than FastAPI dependencies: solving four `Depends` per request was
+    ~20% of the HTTP process's CPU per request."""
+    await refuse_when_queue_full(request)
+    body = await parse_body(request)
+    state: ServerState = request.app.state.surge
+    return body, state, await get_engine(request)

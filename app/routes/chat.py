@@ -25,7 +25,7 @@ from app.output_source import OutputSource
 from app.pipeline import start_generation
 from app.schemas import ChatChunkEncoder, ChatCompletionRequest, Usage, new_chat_completion_id
 from app.sse import DONE, KEEPALIVE, LastEvents, error_event, event, sse_response
-from app.state import ServerState, get_engine, refuse_when_queue_full
+from app.state import generation_inputs
 from models.async_engine import AsyncEngine
 
 router = APIRouter()
@@ -38,13 +38,7 @@ _parse_body = json_body(ChatCompletionRequest)
     openapi_extra=documented_body(ChatCompletionRequest),
 )
 async def create_chat_completion(request: Request) -> Response:
-    # NOTE: plain calls rather than FastAPI dependencies: solving four `Depends` per request was
-    # ~20% of the HTTP process's CPU per request. The order is theirs: a full queue refuses before
-    # the body is read, a bad body is a 400 before the engine's readiness is asked.
-    await refuse_when_queue_full(request)
-    body = await _parse_body(request)
-    state: ServerState = request.app.state.surge
-    engine = await get_engine(request)
+    body, state, engine = await generation_inputs(request, _parse_body)
     check_model(state.settings, body.model)
     check_text_fits(engine, [message.text for message in body.messages], "messages")
     try:

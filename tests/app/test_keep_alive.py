@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from pathlib import Path
@@ -15,6 +16,8 @@ CLIENT_KEEPALIVE_EXPIRY_S = 5.0
 
 
 def _get(sock: socket.socket, host: str) -> bytes:
+    """One whole response, body included: the body may come in a later segment than the headers,
+    and left unread it would be taken for the start of the next response."""
     sock.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
     reply = b""
     while b"\r\n\r\n" not in reply:
@@ -22,7 +25,15 @@ def _get(sock: socket.socket, host: str) -> bytes:
         if not chunk:
             return reply  # the server closed the connection
         reply += chunk
-    return reply
+    head, _, body = reply.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length: *(\d+)", head)
+    assert length is not None, head
+    while len(body) < int(length.group(1)):
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
 
 
 def test_idle_connection_outlives_the_clients_keepalive_expiry(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -25,8 +25,12 @@ def test_async_runs_concurrent_requests_and_a_stream(examples_server: LiveServer
 
 def test_streaming_prints_deltas_finish_reason_and_usage(examples_server: LiveServer) -> None:
     out = run_python_example("openai_streaming.py", examples_server.url).stdout
-    assert "finish_reason: length" in out
-    assert re.search(r"usage: \d+ prompt \+ 32 completion tokens", out)
+    finish = re.search(r"^finish_reason: (\w+)$", out, re.MULTILINE)
+    usage = re.search(r"usage: \d+ prompt \+ (\d+) completion tokens", out)
+    assert finish is not None and usage is not None, out
+    # Sampled (the SDK's default temperature): the model may end early with its end token.
+    completion = int(usage.group(1))
+    assert (finish.group(1), completion) == ("length", 32) or (finish.group(1) == "stop" and 0 < completion < 32), out
     assert re.search(r"time to first token: \d+ ms, \d+ content chunks", out)
 
 

@@ -13,11 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from app.degradation import DegradationConfig, Degrader, load_score
 from app.errors import OpenAIError, service_unavailable
-from models.async_engine import AsyncEngine
 from models.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # app.settings imports this module, and `surge serve` must not wait on torch there
+    from models.async_engine import AsyncEngine
 
 DEGRADED_HEADER = "x-surge-degraded"
 DEFAULT_CANNED_REPLY = "The service is very busy right now. Please try again in a little while."

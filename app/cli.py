@@ -44,9 +44,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     configure_logging(settings.log_level, settings.log_format)
+    spawned = None
+    if settings.engine.separate_process:
+        # The engine child starts before the server's imports (FastAPI, transformers, torch), so
+        # its own imports and the model load run beside them: models/engine_spawn.py.
+        from app.diagnostics import engine_process_init
+        from models.engine_spawn import spawn_engine
+
+        spawned = spawn_engine(settings.engine, engine_process_init(settings.log_level, settings.log_format))
     from app.server import serve as run_server
 
-    run_server(settings)
+    run_server(settings, spawned)
     return 0
 
 

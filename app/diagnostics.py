@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 
+from app.logs import configure_logging
+
 log = logging.getLogger("surge.diagnostics")
 
 ENABLE_ENV = "SURGE_TRACEMALLOC"
@@ -137,6 +139,7 @@ def _init_then_trace(init: Callable[[], None]) -> None:
     install_tracemalloc("engine")
 
 
-def engine_process_init(init: Callable[[], None]) -> Callable[[], None]:
-    """The engine child's init, followed by `install_tracemalloc("engine")` (picklable)."""
-    return functools.partial(_init_then_trace, init)
+def engine_process_init(log_level: str, log_format: str) -> Callable[[], None]:
+    """The engine child's init (picklable): logging as the server's (same level, format and
+    stream), then `install_tracemalloc("engine")` (with SURGE_TRACEMALLOC set, it is traced too)."""
+    return functools.partial(_init_then_trace, functools.partial(configure_logging, log_level, log_format))

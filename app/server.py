@@ -8,7 +8,6 @@ engine is warm. If loading fails the server exits non-zero rather than serving n
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +21,6 @@ from app.admission import build_admission
 from app.dedup import DedupCache
 from app.diagnostics import engine_process_init, install_tracemalloc
 from app.errors import install_error_handlers
-from app.logs import configure_logging
 from app.metrics import install_metrics
 from app.routes import router
 from app.settings import Settings
@@ -37,6 +35,7 @@ from middleware.redis_backend import RedisBackend
 from middleware.request_id import RequestIdMiddleware
 from middleware.token_bucket import InProcessBuckets, RedisBuckets
 from models.async_engine import AsyncEngine
+from models.engine_spawn import SpawnedEngine
 
 log = logging.getLogger("surge.server")
 
@@ -46,7 +45,10 @@ log = logging.getLogger("surge.server")
 KEEP_ALIVE_SECONDS = 75
 
 
-def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, on_fatal: Callable[[], None] | None = None, spawned: SpawnedEngine | None = None
+) -> FastAPI:
+    """The app; its lifespan starts the engine, or adopts `spawned`, a child started before (app/cli.py)."""
     state = ServerState(settings)
     if settings.redis_url:
         state.redis = RedisBackend(settings.redis_url, timeout=settings.redis_timeout_ms / 1000)
@@ -58,10 +60,10 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
             # request the engine runs at once, before any burst comes.
             await state.redis.connect(attempts=settings.redis_connect_attempts, num_connections=settings.max_num_seqs)
         try:
-            # The engine process logs like this one (same level, format and stream).
-            # With SURGE_TRACEMALLOC set it is traced too (app/diagnostics.py).
-            init = engine_process_init(functools.partial(configure_logging, settings.log_level, settings.log_format))
-            state.engine = await AsyncEngine.start(settings.engine, observer=engine_metrics, process_init=init)
+            init = engine_process_init(settings.log_level, settings.log_format)
+            state.engine = await AsyncEngine.start(
+                settings.engine, observer=engine_metrics, process_init=init, spawned=spawned
+            )
             state.admission = build_admission(
                 settings.degradation, settings.admission, state.engine, num_held=lambda: state.num_held
             )
@@ -174,7 +176,7 @@ def _rate_limit_middleware(settings: Settings, state: ServerState) -> list[tuple
     return [(RateLimitMiddleware, {**options, "counts": state.rate_limit_counts})]
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, spawned: SpawnedEngine | None = None) -> None:
     server: uvicorn.Server | None = None
 
     def fatal() -> None:
@@ -184,7 +186,7 @@ def serve(settings: Settings) -> None:
     def start_draining() -> None:
         state.is_shutting_down = True
 
-    app = create_app(settings, on_fatal=fatal)
+    app = create_app(settings, on_fatal=fatal, spawned=spawned)
     state: ServerState = app.state.surge
     # log_config=None: uvicorn's loggers go through the root handler of app/logs.py (text or
     # JSON, with the request id) instead of uvicorn's own.

@@ -24,6 +24,7 @@ from typing import Protocol
 from models.config import EngineConfig
 from models.engine import EngineCore
 from models.engine_client import EngineProcess
+from models.engine_spawn import SpawnedEngine
 from models.gpu import GpuStat
 from models.load_stats import LoadSnapshot
 from models.loader import load_model, resolve_max_model_len
@@ -180,14 +181,16 @@ class AsyncEngine:
         config: EngineConfig,
         observer: EngineObserver | None = None,
         process_init: Callable[[], None] | None = None,
+        spawned: SpawnedEngine | None = None,
     ) -> AsyncEngine:
         """Start the engine (in a child process or on a thread, per `config.separate_process`)
-        and wait until it is warm. `process_init` runs first in a child process (logging)."""
+        and wait until it is warm. `process_init` runs first in a child process (logging);
+        `spawned` is a child process started earlier (models/engine_spawn.py), adopted as is."""
         loop = asyncio.get_running_loop()
         groups: dict[str, RequestGroup] = {}
         dispatch = functools.partial(_dispatch, groups)
-        if config.separate_process:
-            process = EngineProcess(config, dispatch, observer, loop, process_init)
+        if config.separate_process or spawned is not None:
+            process = EngineProcess(config, dispatch, observer, loop, process_init, spawned)
             tokenizer = await process.wait_started()
             return cls(process, tokenizer, process.engine_config, groups)
         loaded = await asyncio.to_thread(load_model, config.model)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import os
 import pickle
 import select
@@ -46,8 +45,8 @@ from models.engine_process import (
     STOP,
     Stats,
     output_from_wire,
-    serve_engine,
 )
+from models.engine_spawn import SpawnedEngine, spawn_engine
 from models.gpu import GpuStat
 from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import load_tokenizer
@@ -74,8 +73,10 @@ class EngineProcess:
         observer: EngineObserver | None,
         loop: asyncio.AbstractEventLoop,
         init: Callable[[], None] | None = None,
+        spawned: SpawnedEngine | None = None,
     ) -> None:
-        self.engine_config = config  # max_model_len resolved once the child reports it
+        """`spawned`: a child already started with `spawn_engine` (its config wins); else one is
+        started here with `config` and `init`."""
         self._publish = publish
         self._observer = observer
         self._loop = loop
@@ -91,22 +92,12 @@ class EngineProcess:
         self._stopping = False
         self._loaded: asyncio.Future[tuple[Any, ...]] = loop.create_future()
         self._warm = asyncio.Event()
-        # Unsent requests are of no use to a child that died: one-way pipes, the child's ends
-        # closed here after the start so EOF reaches us when it exits.
-        ctx = multiprocessing.get_context("spawn")
-        requests_out, requests_in = ctx.Pipe(duplex=False)
-        messages_in, messages_out = ctx.Pipe(duplex=False)
-        self._requests: Connection = requests_in
-        self._messages: Connection = messages_in
-        self._process = ctx.Process(
-            target=serve_engine,
-            args=(config, requests_out, messages_out, init),
-            name="surge-engine",
-            daemon=True,
-        )
-        self._process.start()
-        requests_out.close()
-        messages_out.close()
+        # A child started early (`surge serve` spawns it before importing the server) or now.
+        spawned = spawned if spawned is not None else spawn_engine(config, init)
+        self.engine_config = spawned.config  # max_model_len resolved once the child reports it
+        self._requests: Connection = spawned.requests
+        self._messages: Connection = spawned.messages
+        self._process = spawned.process
         loop.add_reader(self._messages.fileno(), self._on_readable)
         os.set_blocking(self._requests.fileno(), False)  # see _send
         # NOTE: uvloop (libuv's uv_poll_init) makes a watched fd non-blocking, and then `recv` of a

@@ -101,11 +101,11 @@ def load_model(config: ModelConfig) -> LoadedModel:
 
 
 def load_echo() -> LoadedModel:
-    """The echo model: the embedded tiny tokenizer, trained in-process, and no weights."""
+    """The echo model: the embedded tiny tokenizer (cached on disk) and no weights."""
     from models import tiny
 
     started = time.perf_counter()
-    hf_tokenizer = tiny.build_tokenizer()
+    hf_tokenizer = AutoTokenizer.from_pretrained(tiny.ensure_tokenizer())
     eos = [tiny.IM_END_ID, tiny.ENDOFTEXT_ID]
     log.info("loaded the echo model (no weights) in %.1f s", time.perf_counter() - started)
     return LoadedModel(None, Tokenizer(hf_tokenizer, eos), ECHO_MODEL, tiny.MAX_POSITION_EMBEDDINGS, tiny.VOCAB_SIZE)
@@ -120,7 +120,7 @@ def load_tokenizer(config: ModelConfig, path: str, eos_token_ids: list[int]) -> 
     if config.model == ECHO_MODEL:
         from models import tiny
 
-        return Tokenizer(tiny.build_tokenizer(), eos_token_ids)
+        return Tokenizer(AutoTokenizer.from_pretrained(tiny.ensure_tokenizer()), eos_token_ids)
     hf_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
     return Tokenizer(hf_tokenizer, eos_token_ids)
 

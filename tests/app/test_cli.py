@@ -76,3 +76,16 @@ def test_serve_exits_non_zero_when_the_model_cannot_load(tmp_path: Path) -> None
     )
     assert proc.returncode != 0
     assert "could not start the engine" in proc.stderr
+
+
+def test_the_engine_child_can_start_before_torch_is_imported() -> None:
+    """`surge serve` spawns the engine process before importing the server (app/cli.py), so the
+    child's imports and model load overlap the server's. What runs before the spawn (settings,
+    logging, the spawn helper) must not import torch or transformers, or the overlap is lost."""
+    code = (
+        "import sys, app.cli, app.settings, app.diagnostics, models.engine_spawn;"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

@@ -43,6 +43,9 @@ STALLED_TOKENS = 2000
 STALLED_BODY = {"n": 2, "logprobs": True, "top_logprobs": 20, "max_tokens": STALLED_TOKENS}
 NORMAL_STREAMS, NORMAL_TOKENS = 4, 1000
 MIN_SPEED_RATIO = 0.6  # normal streams with stalled clients attached, against without
+# Each side's speed is the best of this many rounds: one round on a shared 2-core box varies 2.5x
+# (1400 to 3500 tok/s seen for the same server alone), the best of three far less.
+SPEED_ROUNDS = 3
 # Memory the server may keep per unread byte (engine outputs are Python objects, larger than
 # their SSE), and a fixed allowance for connections and the allocator's own growth.
 MAX_MEMORY_PER_UNREAD_BYTE = 4
@@ -79,6 +82,11 @@ def stall(url: str) -> socket.socket:
 
 
 def normal_streams_speed(url: str) -> float:
+    """The best of SPEED_ROUNDS rounds of normal_streams_round."""
+    return max(normal_streams_round(url) for _ in range(SPEED_ROUNDS))
+
+
+def normal_streams_round(url: str) -> float:
     """Median tokens/s of NORMAL_STREAMS concurrent streams read as fast as they come."""
     speeds: list[float] = []
     errors: list[BaseException] = []
@@ -146,7 +154,7 @@ def test_stalled_readers_keep_memory_bounded_and_others_at_speed(server: SurgePr
         speed_with = normal_streams_speed(server.url)
         rss_with = rss_bytes(pid)
         # Still holding on: their responses have not ended (uvicorn holds what they did not read).
-        assert metric(server.url, "http_requests_total", handler=CHAT) == answered + NORMAL_STREAMS
+        assert metric(server.url, "http_requests_total", handler=CHAT) == answered + SPEED_ROUNDS * NORMAL_STREAMS
     finally:
         for sock in stalled:
             sock.close()
@@ -166,7 +174,9 @@ def test_stalled_readers_keep_memory_bounded_and_others_at_speed(server: SurgePr
 
     # Once they hang up, their responses end, nothing of them is left and the server serves as before.
     deadline = time.monotonic() + 15
-    while metric(server.url, "http_requests_total", handler=CHAT) < answered + NORMAL_STREAMS + num_stalled:
+    while (
+        metric(server.url, "http_requests_total", handler=CHAT) < answered + SPEED_ROUNDS * NORMAL_STREAMS + num_stalled
+    ):
         assert time.monotonic() < deadline, "the responses of clients that hung up never ended"
         time.sleep(0.1)
     wait_idle(server.url)

@@ -284,3 +284,22 @@ def test_greedy_text_never_stalls_on_a_partial_character(tiny_s: Path) -> None:
         out = model.generate(**batch, max_new_tokens=48, do_sample=False, eos_token_id=None, min_new_tokens=48)
     generated = out[:, batch["input_ids"].shape[1] :]
     assert not set(generated.flatten().tolist()) & set(partial)
+
+
+def test_cached_tokenizer_is_the_trained_one_and_is_built_once(tmp_path: Path) -> None:
+    """The echo model's tokenizer comes from disk (tiny.ensure_tokenizer): it must encode, decode
+    and render chats exactly as a freshly trained one, and a second call must reuse the build."""
+    built = tiny.build_tokenizer()
+    path = tiny.ensure_tokenizer(tmp_path)
+    cached = AutoTokenizer.from_pretrained(path)
+    text = "Hello, world! Ünïcödé 日本語 def f(x: int) -> None:\n\treturn"
+    assert cached.encode(text) == built.encode(text)
+    assert cached.decode(built.encode(text)) == text
+    chat = [{"role": "user", "content": "hi"}]
+    assert cached.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == built.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True
+    )
+    assert cached.eos_token_id == tiny.IM_END_ID and len(cached) == tiny.VOCAB_SIZE
+    stamp = (path / "tokenizer.json").stat().st_mtime_ns
+    assert tiny.ensure_tokenizer(tmp_path) == path
+    assert (path / "tokenizer.json").stat().st_mtime_ns == stamp

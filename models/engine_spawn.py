@@ -3,8 +3,9 @@
 Why its own module: `surge serve` starts the child first thing, before the server imports its
 own half (FastAPI, the tokenizer, transformers and with it torch: ~4.5 s on 2 cores), so the
 child's imports and model load run beside the server's instead of after them (time to /ready
-14 s -> 7 s for `--model echo` on the 2-core dev VM). A `spawn` child unpickles its target by
-module and name, so the target (`_main`) must live where importing it is cheap in the parent.
+14 s -> 6 s for `--model echo` and for the tiny m model on the 2-core dev VM). A `spawn` child
+unpickles its target by module and name, so the target (`_main`) must live where importing it is
+cheap in the parent.
 
 The child side is models/engine_process.py; the server side, which adopts what is started
 here, is models/engine_client.py.

@@ -10,12 +10,16 @@ from dataclasses import dataclass, field
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
+# Temperatures below this sample greedily, as in vLLM (its _SAMPLING_EPS). Dividing float32 logits
+# by a smaller one overflows, and one below float32's range divides by zero: a fuzzed 7.7e-134 gave
+# NaN weights, an out-of-vocabulary token and a 500.
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (or below GREEDY_TEMPERATURE) means greedy
     top_p: float = 1.0  # 1.0 means off
     top_k: int = 0  # 0 means off
     seed: int | None = None
@@ -51,7 +55,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def has_penalties(self) -> bool:

@@ -13,9 +13,9 @@
    is back to 0.
 3. Criteria: the queue within `--max-queued-requests`; every refusal a 503 before the stream
    opened, p99 under 50 ms; goodput (tokens/s of real completions, canned replies excluded) at
-   least 90% of the higher capacity measured; the level up under load and down one step per cooldown after it; SDK
-   attempts (counted by an httpx hook and by the server's request counter) at most 3x its
-   logical requests.
+   least 90% of the higher capacity measured; the level up under load and down one step per
+   cooldown after it; SDK attempts (counted by an httpx hook and by the server's request counter)
+   at most 3x its logical requests.
 The load generator runs under SCHED_IDLE (common.on_an_idle_thread), the probe and the server at
 normal priority. The report is markdown on stdout (and `--out`); exit status 1 when a criterion fails.
 """

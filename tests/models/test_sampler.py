@@ -57,6 +57,17 @@ def test_greedy_is_argmax_and_returns_python_ints() -> None:
     assert result.logprobs == [None] * 5
 
 
+@pytest.mark.parametrize("temperature", [7.667291814971508e-134, 1e-45, 1e-30, 9e-6])
+def test_a_temperature_too_small_for_float32_samples_greedily(temperature: float) -> None:
+    """Regression (schemathesis, tests/app/test_openapi_fuzz.py): temperature 7.7e-134 is valid
+    OpenAI input, but as a float32 divisor it is 0, the weights were NaN, the draw returned token
+    8192 of 8192 and the request got a 500. Below GREEDY_TEMPERATURE a row is greedy, as in vLLM."""
+    logits = random_logits(3, 8192, seed=7)
+    rows = [row(temperature=temperature), row(temperature=temperature, top_p=0.5), row(temperature=temperature, seed=1)]
+    assert all(r.params.is_greedy for r in rows)
+    assert sample(logits.clone(), rows).token_ids == logits.argmax(-1).tolist()
+
+
 def test_greedy_accepts_half_precision_logits() -> None:
     logits = random_logits(3, 300, seed=1)
     result = sample(logits.to(torch.bfloat16), [row(temperature=0.0) for _ in range(3)])

@@ -30,7 +30,7 @@ _CHOSEN_LOGIT = 30.0
 
 
 class EchoRunner:
-    """The `ModelRunner` interface (apply_moves, prefill, decode, device) without a model.
+    """The `ModelRunner` interface (apply_moves, forward, device) without a model.
 
     Row r of a step's logits picks token `cycle[(r + step) % len(cycle)]`: deterministic,
     different from step to step, and a slice of one prebuilt table, so a step allocates nothing.
@@ -54,13 +54,9 @@ class EchoRunner:
     def apply_moves(self, moves: Seq[SlotMove]) -> None:
         """Nothing to move: the echo model keeps no per-slot state."""
 
-    def prefill(self, chunks: Seq[PrefillChunk]) -> torch.Tensor:
-        """Last-position logits for each chunk, (len(chunks), V) float32."""
-        return self._logits(len(chunks))
-
-    def decode(self, num_slots: int, seqs: Seq[Sequence]) -> torch.Tensor:
-        """Logits for each decoding sequence, (len(seqs), V) float32 in seqs order."""
-        return self._logits(len(seqs))
+    def forward(self, num_slots: int, chunks: Seq[PrefillChunk], decodes: Seq[Sequence]) -> torch.Tensor:
+        """Logits (K, V) float32: a row per chunk that completes its prompt, then per decode."""
+        return self._logits(sum(chunk.completes_prompt for chunk in chunks) + len(decodes))
 
     def _logits(self, num_rows: int) -> torch.Tensor:
         if num_rows > self.max_num_seqs:

@@ -17,8 +17,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from models.config import SchedulerConfig
 from models.detokenizer import IncrementalDetokenizer
 from models.echo import EchoRunner, echo_token_ids
@@ -214,20 +212,14 @@ class EngineCore:
         self.runner.apply_moves(out.moves)
         if self._faults is not None and self.is_warm:
             self._faults.before_forward()
-        logits, rows = [], []
-        if out.prefills:
-            prefill_logits = self.runner.prefill(out.prefills)
-            done = [i for i, chunk in enumerate(out.prefills) if chunk.completes_prompt]
-            if done:
-                logits.append(prefill_logits[done] if len(done) < len(out.prefills) else prefill_logits)
-                rows += [self._requests[out.prefills[i].seq.request_id].row for i in done]
-        if out.decodes:
-            logits.append(self.runner.decode(out.num_slots, out.decodes))
-            rows += [self._requests[seq.request_id].row for seq in out.decodes]
+        logits = self.runner.forward(out.num_slots, out.prefills, out.decodes)
+        requests = self._requests
+        rows = [requests[chunk.seq.request_id].row for chunk in out.prefills if chunk.completes_prompt]
+        rows += [requests[seq.request_id].row for seq in out.decodes]
         self.scheduler.mark_computed(out)
         if not rows:
             return [], []
-        result = self.sampler(logits[0] if len(logits) == 1 else torch.cat(logits), rows)
+        result = self.sampler(logits, rows)
         return result.token_ids, result.logprobs
 
     def _postprocess(

@@ -22,13 +22,31 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkRows:
+    """A prompt chunk's tokens in a packed step: rows [start, start + num_tokens), all of one slot."""
+
+    start: int
+    num_tokens: int
+    slot: int
+
+
 @dataclass(slots=True)
 class StepPlan:
     # Decode: rows are slots [0, num_rows), write_pos (B,). Prefill: slots (B,), write_pos (B, T).
+    # Packed: one (1, N) row of tokens; token i writes (slots[i], write_pos[i]); the first
+    # num_rows tokens are the decode block (token i is slot i), then each chunk's tokens.
     write_pos: torch.Tensor
     read_len: int  # attention reads positions [0, read_len)
     slots: torch.Tensor | None = None  # None means the contiguous block [0, num_rows)
     num_rows: int = 0
+    chunks: tuple[ChunkRows, ...] | None = None  # set for a packed step only
+    # Packed steps with several chunks attend them as one padded batch: (C, T) row indices of
+    # each chunk's tokens (short chunks repeat their last row), the chunks' slots (C,), and
+    # which of the C*T padded rows are real, in row order.
+    chunk_index: torch.Tensor | None = None
+    chunk_slots: torch.Tensor | None = None
+    chunk_real: torch.Tensor | None = None
 
 
 class SlotLayer(CacheLayerMixin):
@@ -55,6 +73,11 @@ class SlotLayer(CacheLayerMixin):
         plan = self.owner.plan
         if plan is None:
             raise RuntimeError("SlotCache.update called without a step plan")
+        if plan.chunks is not None:  # packed: (1, H, N, D), token i into (slots[i], :, write_pos[i])
+            self.keys[plan.slots, :, plan.write_pos] = key_states[0].transpose(0, 1)  # (N, H, D)
+            self.values[plan.slots, :, plan.write_pos] = value_states[0].transpose(0, 1)
+            # Every slot, read_len positions: the packed attention picks each group's rows (views).
+            return self.keys[:, :, : plan.read_len], self.values[:, :, : plan.read_len]
         if plan.slots is None:  # decode: one new token per row, rows are slots [0, B)
             rows = self.owner.row_index(plan.num_rows)
             self.keys[rows, :, plan.write_pos] = key_states[:, :, 0]  # (B, H, D)

@@ -1,22 +1,31 @@
 """The model runner: turns a scheduled step into forward passes over the slot cache.
 
 It speaks only slots, positions and token ids; it knows nothing of requests, sampling or
-HTTP. Two forward passes per step at most:
-- prefill: prompt chunks, left-padded into (B, T) so every row's last real token sits in
-  the final column and one logits row per sequence comes back;
-- decode: one token for each of the slots [0, num_slots), in one contiguous block of the
-  cache. Slots still prefilling ride along as padding rows writing to the scratch column.
+HTTP. One forward pass per step where the model lets us (packed), two otherwise (split):
+- packed: every token of the step in one (1, N) row, as vLLM flattens a batch: first the
+  decode block (token i is slot i's next token; slots still prefilling ride along as
+  padding that writes to the scratch column), then each prompt chunk's tokens. A custom
+  attention function (registered with transformers' AttentionInterface) attends the decode
+  block against the contiguous slot block and each chunk against its own slot, all views of
+  the cache. On a small model a forward costs mostly transformers' per-module Python
+  whatever its token count, so folding the prefill into the decode forward saves nearly a
+  whole forward on every step that admits a request;
+- split (a model whose attention does not go through AttentionInterface, or not through
+  SDPA): prompt chunks left-padded into (B, T) so every row's last real token sits in the
+  final column, then the decode block as (B, 1).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence as Seq
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
-from transformers import PreTrainedModel
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from models.kv_cache import SlotCache, StepPlan
+from models.kv_cache import ChunkRows, SlotCache, StepPlan
 from models.scheduler import PrefillChunk, SlotMove
 from models.sequence import Sequence
 
@@ -28,13 +37,24 @@ class Runner(Protocol):
 
     def apply_moves(self, moves: Seq[SlotMove]) -> None: ...
 
-    def prefill(self, chunks: Seq[PrefillChunk]) -> torch.Tensor: ...
+    def forward(self, num_slots: int, chunks: Seq[PrefillChunk], decodes: Seq[Sequence]) -> torch.Tensor:
+        """Logits (K, V) float32: one row per chunk that completes its prompt (in chunks order),
+        then one per decoding sequence (in decodes order)."""
+        ...
 
-    def decode(self, num_slots: int, seqs: Seq[Sequence]) -> torch.Tensor: ...
+
+# The packed step being run on this thread: the attention function reads its layout here
+# (transformers passes attention functions no cache). Per thread, so runners on different
+# threads, or sharing one model object, never see each other's step.
+_active = threading.local()
+PACKED_ATTENTION = "surge_packed_sdpa"
 
 
 class ModelRunner:
-    def __init__(self, model: PreTrainedModel, max_num_seqs: int, max_model_len: int) -> None:
+    def __init__(
+        self, model: PreTrainedModel, max_num_seqs: int, max_model_len: int, packed: bool | None = None
+    ) -> None:
+        """`packed`: None picks the packed step wherever the model supports it (benchmarks force either)."""
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -43,11 +63,93 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self._mask_min = torch.finfo(self.dtype).min
         self._sliding_window, self._mixed_layers = _sliding_layout(config)
+        self.packed = packed if packed is not None else _supports_packed(model)
+        if self.packed:
+            AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
+            model.set_attn_implementation(PACKED_ATTENTION)
 
     @torch.inference_mode()
     def apply_moves(self, moves: Seq[SlotMove]) -> None:
         for move in moves:
             self.cache.move(move.src, move.dst, move.num_tokens)
+
+    @torch.inference_mode()
+    def forward(self, num_slots: int, chunks: Seq[PrefillChunk], decodes: Seq[Sequence]) -> torch.Tensor:
+        if self.packed:
+            return self._packed(num_slots, chunks, decodes)
+        logits = []
+        if chunks:
+            chunk_logits = self.prefill(chunks)
+            done = [i for i, chunk in enumerate(chunks) if chunk.completes_prompt]
+            if done:
+                logits.append(chunk_logits[done] if len(done) < len(chunks) else chunk_logits)
+        if decodes:
+            logits.append(self.decode(num_slots, decodes))
+        if not logits:
+            return torch.empty(0, 0)
+        return logits[0] if len(logits) == 1 else torch.cat(logits)
+
+    def _packed(self, num_slots: int, chunks: Seq[PrefillChunk], decodes: Seq[Sequence]) -> torch.Tensor:
+        scratch = self.cache.scratch_pos
+        num_rows = num_slots if decodes else 0
+        input_ids = [0] * num_rows
+        positions = [0] * num_rows
+        slots = list(range(num_rows))
+        write_pos = [scratch] * num_rows
+        is_pad = [True] * num_rows
+        read_len = 0
+        for seq in decodes:
+            slot, position = seq.slot, seq.num_computed_tokens
+            input_ids[slot] = seq.last_token_id
+            positions[slot] = write_pos[slot] = position
+            is_pad[slot] = False
+            read_len = max(read_len, position + 1)
+        groups = []
+        keep = []  # the rows whose logits come back: completing chunks' last tokens, then decodes
+        for chunk in chunks:
+            start, end, slot = chunk.start, chunk.start + chunk.num_tokens, chunk.seq.slot
+            groups.append(ChunkRows(len(input_ids), chunk.num_tokens, slot))
+            input_ids += chunk.seq.prompt_token_ids[start:end]
+            span = range(start, end)
+            positions += span
+            write_pos += span
+            slots += [slot] * chunk.num_tokens
+            is_pad += [False] * chunk.num_tokens
+            read_len = max(read_len, end)
+            if chunk.completes_prompt:
+                keep.append(len(input_ids) - 1)
+        keep += [seq.slot for seq in decodes]
+        self.cache.ensure_capacity(read_len)
+        device = self.device
+        pos = torch.tensor(positions, device=device)[None]  # (1, N)
+        plan = StepPlan(
+            write_pos=torch.tensor(write_pos, device=device),
+            read_len=read_len,
+            slots=torch.tensor(slots, device=device),
+            num_rows=num_rows,
+            chunks=tuple(groups),
+        )
+        if len(groups) > 1:
+            width = max(g.num_tokens for g in groups)
+            index = [[g.start + min(t, g.num_tokens - 1) for t in range(width)] for g in groups]
+            is_real = [t < g.num_tokens for g in groups for t in range(width)]
+            plan.chunk_index = torch.tensor(index, device=device)
+            plan.chunk_slots = torch.tensor([g.slot for g in groups], device=device)
+            plan.chunk_real = torch.tensor(is_real, device=device)
+        pad = torch.tensor(is_pad, device=device)[None]
+        self.cache.plan = _active.plan = plan
+        try:
+            out = self.model(
+                input_ids=torch.tensor(input_ids, device=device)[None],
+                position_ids=pos,
+                attention_mask=self._mask(pos, pad, read_len),
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
+            )
+        finally:
+            self.cache.plan = _active.plan = None
+        return out.logits[0].float()  # (K, V); K = 0 when every chunk ends mid-prompt
 
     @torch.inference_mode()
     def prefill(self, chunks: Seq[PrefillChunk]) -> torch.Tensor:
@@ -132,6 +234,63 @@ class ModelRunner:
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         return mask.masked_fill_(~allowed, self._mask_min)[:, None]  # (B, 1, T, L)
+
+
+def _packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention for a packed step: query (1, H, N, D); key/value every slot's (S, KVH, L, D).
+
+    The mask is the packed one, (1, 1, N, L): row i against its own slot's positions. The
+    decode block runs as a batch of one-token queries against slots [0, num_rows); each chunk
+    as one sequence against its slot. Outside a packed step (a model shared with other code)
+    this is plain SDPA.
+    """
+    plan: StepPlan | None = getattr(_active, "plan", None)
+    if plan is None or plan.chunks is None or attention_mask is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    parts = []
+    num_rows = plan.num_rows
+    if num_rows:
+        q = query[0, :, :num_rows].transpose(0, 1)[:, :, None]  # (B, H, 1, D)
+        mask = attention_mask[0, 0, :num_rows, None, None]  # (B, 1, 1, L)
+        out, _ = sdpa_attention_forward(module, q, key[:num_rows], value[:num_rows], mask, **kwargs)
+        parts.append(out.transpose(0, 1))  # (B, 1, H, D) -> (1, B, H, D)
+    if plan.chunk_index is not None and plan.chunk_slots is not None and plan.chunk_real is not None:
+        # Several chunks: one padded (C, T) batch against a copy of their slots' K/V. One SDPA
+        # call instead of one per chunk (a burst of arrivals brings dozens of chunks).
+        index = plan.chunk_index
+        q = query[0][:, index].transpose(0, 1)  # (H, C, T, D) -> (C, H, T, D)
+        mask = attention_mask[0, 0][index][:, None]  # (C, 1, T, L)
+        slots = plan.chunk_slots
+        out, _ = sdpa_attention_forward(module, q, key[slots], value[slots], mask, **kwargs)  # (C, T, H, D)
+        parts.append(out.flatten(0, 1)[plan.chunk_real][None])  # (1, P, H, D)
+    else:
+        for chunk in plan.chunks:  # one chunk: its slot's K/V as a view, no copy
+            rows = slice(chunk.start, chunk.start + chunk.num_tokens)
+            kv = slice(chunk.slot, chunk.slot + 1)
+            out, _ = sdpa_attention_forward(
+                module, query[:, :, rows], key[kv], value[kv], attention_mask[:, :, rows], **kwargs
+            )
+            parts.append(out)  # (1, T, H, D)
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), None
+
+
+def _supports_packed(model: PreTrainedModel) -> bool:
+    """Whether the model's attention goes through AttentionInterface, and as SDPA (no softcap etc.)."""
+    if not getattr(model, "_supports_attention_backend", False):
+        return False
+    config = model.config
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", PACKED_ATTENTION):
+        return False
+    # Logit or attention softcapping (Gemma 2) has no SDPA form; such a model runs split (eager).
+    text = config.get_text_config()
+    return getattr(text, "attn_logit_softcapping", None) is None
 
 
 def _sliding_layout(config: object) -> tuple[int | None, bool]:

@@ -317,22 +317,22 @@ async def test_engine_error_reaches_every_waiter_and_is_not_cached(
     p, params = prompt(16), greedy(40)
     start = Starter(engine, p, params)
     runner = engine.core.runner
-    real_decode = runner.decode
+    real_forward = runner.forward
     calls = {"n": 0}
 
-    def flaky_decode(*args: Any, **kwargs: Any) -> Any:
+    def flaky_forward(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 5:
             raise RuntimeError("injected forward failure")
-        return real_decode(*args, **kwargs)
+        return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "decode", flaky_decode)
+    monkeypatch.setattr(runner, "forward", flaky_forward)
     handles = [await cache.run(key_of(p, params), start) for _ in range(3)]
     results = await asyncio.gather(*[drain(h) for h in handles])
     for outputs in results:
         assert outputs[-1].finish_reason is FinishReason.ERROR
         assert "injected forward failure" in (outputs[-1].error or "")
-    monkeypatch.setattr(runner, "decode", real_decode)
+    monkeypatch.setattr(runner, "forward", real_forward)
     assert deltas(await drain(await cache.run(key_of(p, params), start)))[-1][2] is FinishReason.LENGTH
     assert start.num_calls == 2
     await wait_idle(engine, cache)
@@ -411,13 +411,13 @@ async def test_owner_renews_its_lease_while_it_generates(
     engine: AsyncEngine, engine_b: AsyncEngine, backends: Callable[[], RedisBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runner = engine.core.runner
-    real_decode = runner.decode
+    real_forward = runner.forward
 
-    def slow_decode(*args: Any, **kwargs: Any) -> Any:
+    def slow_forward(*args: Any, **kwargs: Any) -> Any:
         time.sleep(0.008)  # in the engine thread: makes the generation outlast several leases
-        return real_decode(*args, **kwargs)
+        return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "decode", slow_decode)
+    monkeypatch.setattr(runner, "forward", slow_forward)
     # A 1 s lease renewed every third of it: short enough to need renewals, long enough that a
     # busy CI machine still renews in time.
     replica_a = DedupCache(ttl=300, redis=backends(), lease=1.0, poll_interval=0.02)

@@ -201,12 +201,12 @@ def test_503_and_500_are_not_stored_and_the_retry_runs(live: LiveServer) -> None
     def failing_forward(*args: object) -> None:
         raise RuntimeError("injected forward failure")
 
-    runner.prefill = failing_forward  # type: ignore[method-assign]
+    runner.forward = failing_forward  # type: ignore[method-assign]
     try:
         failed = post(live.url, chat(), key)
         failed_stream = post(live.url, chat(stream=True), stream_key := new_key())
     finally:
-        del runner.prefill  # the class's own method again
+        del runner.forward  # the class's own method again
     assert failed.status_code == 500
     assert failed_stream.status_code == 200 and '"error"' in failed_stream.text  # an in-stream error
     for retry_key, body in ((key, chat()), (stream_key, chat(stream=True))):

@@ -86,11 +86,11 @@ async def test_abort_frees_the_slot(engine: AsyncEngine) -> None:
 
 def test_echo_runner_rows_cycle_from_step_to_step() -> None:
     runner = EchoRunner([10, 11, 12], vocab_size=32, max_num_seqs=4)
-    chunks = [object()] * 4  # the runner reads only how many there are
-    steps = [runner.prefill(chunks).argmax(-1).tolist() for _ in range(3)]  # type: ignore[arg-type]
+    decodes = [object()] * 4  # the runner reads only how many there are
+    steps = [runner.forward(4, [], decodes).argmax(-1).tolist() for _ in range(3)]  # type: ignore[arg-type]
     assert steps == [[10, 11, 12, 10], [11, 12, 10, 11], [12, 10, 11, 12]]
-    assert runner.prefill(chunks[:2]).dtype == torch.float32  # type: ignore[arg-type]
+    assert runner.forward(4, [], decodes[:2]).dtype == torch.float32  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        runner.prefill([object()] * 5)  # type: ignore[list-item]
+        runner.forward(5, [], [object()] * 5)  # type: ignore[list-item]
     with pytest.raises(ValueError):
         EchoRunner([40], vocab_size=32, max_num_seqs=1)

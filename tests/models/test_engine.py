@@ -185,16 +185,16 @@ async def test_forward_failure_fails_the_batch_and_the_loop_lives_on(
 ) -> None:
     engine = await make_engine()
     runner = engine.core.runner
-    real_decode = runner.decode
+    real_forward = runner.forward
     calls = {"n": 0}
 
-    def flaky_decode(*args: Any, **kwargs: Any) -> torch.Tensor:
+    def flaky_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("injected forward failure")
-        return real_decode(*args, **kwargs)
+        return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "decode", flaky_decode)
+    monkeypatch.setattr(runner, "forward", flaky_forward)
     groups = [engine.submit([(prompt(5, 20 + i), greedy(10))]) for i in range(3)]
     results = [await run(g) for g in groups]
     failed = [r[0][-1] for r in results if r[0][-1].finish_reason is FinishReason.ERROR]

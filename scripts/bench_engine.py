@@ -1,0 +1,165 @@
+"""Engine-only benchmark: the packed step (one forward per step) against the split one (prefill
+and decode forwards), in the same process, on the same model and prompts, interleaved rounds.
+
+No HTTP: an `EngineCore` on its own thread, driven by a closed loop of `--concurrency` streams
+(each finished request is replaced at once by a new one, as the serving benchmark's clients
+do; the first ones arrive `--ramp` per step, as a burst reaches the engine through a server
+that parses requests one at a time, so later arrivals stay staggered too), prompts of
+`--prompt-tokens` random ids, `--max-tokens` greedy tokens each with eos ignored. This is the
+part of `make bench` that the engine alone decides; ratios within a round are the figures to
+read (the VM drifts from minute to minute).
+
+    .venv/bin/python scripts/bench_engine.py --model-size m --concurrency 32 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+
+from models.config import ModelConfig, SchedulerConfig  # noqa: E402
+from models.engine import EngineCore  # noqa: E402
+from models.loader import LoadedModel, load_model  # noqa: E402
+from models.model_runner import ModelRunner  # noqa: E402
+from models.outputs import RequestOutput  # noqa: E402
+from models.sampling_params import SamplingParams  # noqa: E402
+from models.tiny import ensure_tiny  # noqa: E402
+
+RUNNERS = ("packed", "split")
+
+
+@dataclass(frozen=True, slots=True)
+class LoopResult:
+    tokens_per_s: float
+    ttft_p99_s: float
+    steps: int
+
+
+def closed_loop(
+    loaded: LoadedModel,
+    packed: bool,
+    concurrency: int,
+    num_requests: int,
+    prompt_tokens: int,
+    max_tokens: int,
+    ramp: int,
+) -> LoopResult:
+    assert loaded.model is not None
+    config = SchedulerConfig(max_num_seqs=concurrency, max_model_len=prompt_tokens + max_tokens + 8)
+    done = threading.Event()
+    submitted = finished = 0
+    started: dict[str, float] = {}
+    ttfts: list[float] = []
+    rng = random.Random(0)  # the same prompts for every runner and round
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    core: EngineCore
+
+    def submit() -> None:
+        nonlocal submitted
+        request_id = f"r{submitted}"
+        submitted += 1
+        started[request_id] = time.perf_counter()
+        core.add_request(request_id, [rng.randrange(3, loaded.vocab_size) for _ in range(prompt_tokens)], params)
+
+    def publish(outputs: list[RequestOutput]) -> None:
+        nonlocal finished
+        now = time.perf_counter()
+        for _ in range(min(ramp, concurrency - submitted)):  # the first arrivals, ramp per step
+            submit()
+        for out in outputs:
+            if out.num_output_tokens == 1:
+                ttfts.append(now - started[out.request_id])
+            if out.finish_reason is not None:
+                finished += 1
+                if submitted < num_requests:
+                    submit()
+        if finished >= num_requests:
+            done.set()
+
+    core = EngineCore(loaded, config, publish)
+    core.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len or 256, packed=packed)
+    core.start()  # warms up first
+    while not core.is_warm:
+        time.sleep(0.01)
+    begin = time.perf_counter()
+    steps_before = core.num_steps
+    for _ in range(ramp):
+        submit()
+    done.wait()
+    elapsed = time.perf_counter() - begin
+    steps = core.num_steps - steps_before
+    core.stop()
+    ttfts.sort()
+    return LoopResult(num_requests * max_tokens / elapsed, ttfts[int(0.99 * (len(ttfts) - 1))], steps)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-size", default="m", help="tiny model size (s, m, l)")
+    parser.add_argument("--model-dir", type=Path, help="use this model directory instead of building a tiny one")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=0, help="requests per loop (default 4 x concurrency)")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ramp", type=int, default=2, help="first requests arriving per step (concurrency: one burst)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    num_requests = args.requests or 4 * args.concurrency
+    model_dir = args.model_dir or ensure_tiny(size=args.model_size)
+    loaded = load_model(ModelConfig(str(model_dir), device="cpu", dtype="float32"))
+    results: dict[str, list[LoopResult]] = {name: [] for name in RUNNERS}
+    for round_ in range(args.rounds):
+        # Alternate which runner goes first, so neither always gets the cooler minute.
+        order = RUNNERS if round_ % 2 == 0 else RUNNERS[::-1]
+        for name in order:
+            result = closed_loop(
+                loaded,
+                name == "packed",
+                args.concurrency,
+                num_requests,
+                args.prompt_tokens,
+                args.max_tokens,
+                min(args.ramp, args.concurrency),
+            )
+            results[name].append(result)
+            print(
+                f"round {round_ + 1} {name:6s}: {result.tokens_per_s:7.1f} tok/s, TTFT p99 "
+                f"{1000 * result.ttft_p99_s:6.1f} ms, {result.steps} steps",
+                flush=True,
+            )
+    ratios = [p.tokens_per_s / s.tokens_per_s for p, s in zip(results["packed"], results["split"], strict=True)]
+    ttft = [p.ttft_p99_s / s.ttft_p99_s for p, s in zip(results["packed"], results["split"], strict=True)]
+    print(
+        f"\nmodel {model_dir.name}, {args.concurrency} streams x {num_requests} requests, "
+        f"{args.prompt_tokens}-token prompts, {args.max_tokens} tokens each, first arrivals {args.ramp} per step, "
+        f"{args.threads} torch thread(s)"
+    )
+    print("| runner | tok/s (median) | TTFT p99 ms (median) | steps (median) |")
+    print("|---|---|---|---|")
+    for name in RUNNERS:
+        rows = results[name]
+        print(
+            f"| {name} | {statistics.median(r.tokens_per_s for r in rows):.1f} "
+            f"| {1000 * statistics.median(r.ttft_p99_s for r in rows):.1f} "
+            f"| {statistics.median(r.steps for r in rows):.0f} |"
+        )
+    print(f"packed / split tokens/s per round: {', '.join(f'{r:.2f}x' for r in ratios)}")
+    print(f"packed / split TTFT p99 per round: {', '.join(f'{r:.2f}x' for r in ttft)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

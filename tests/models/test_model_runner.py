@@ -1,0 +1,72 @@
+"""The packed step (decodes and prompt chunks in one forward) gives the logits of the split one
+(a prefill forward, then a decode forward), step by step, on every architecture we serve."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from models.model_runner import ModelRunner
+from models.sampling_params import SamplingParams
+from models.scheduler import PrefillChunk
+from models.sequence import Sequence
+
+
+def load(model_dir: Path, attn_implementation: str = "sdpa") -> AutoModelForCausalLM:
+    return AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation=attn_implementation
+    ).eval()
+
+
+def script(runner: ModelRunner) -> list[torch.Tensor]:
+    """Five sequences joining, chunking and decoding over four steps; each step's logits."""
+    rng = random.Random(0)
+    lengths = {"a": 5, "b": 9, "c": 20, "d": 12, "e": 10}
+    seqs = {
+        name: Sequence(name, [rng.randrange(3, 500) for _ in range(n)], SamplingParams(max_tokens=8))
+        for name, n in lengths.items()
+    }
+    for slot, seq in enumerate(seqs.values()):
+        seq.slot = slot
+    a, b, c, d, e = seqs.values()
+    steps: list[tuple[int, list[PrefillChunk], list[Sequence]]] = [
+        (3, [PrefillChunk(a, 0, 5), PrefillChunk(b, 0, 9), PrefillChunk(c, 0, 6)], []),
+        # c is mid-prompt in slot 2: a padding row of the decode block, and a chunk of its own
+        (5, [PrefillChunk(c, 6, 14), PrefillChunk(d, 0, 12), PrefillChunk(e, 0, 4)], [a, b]),
+        (5, [PrefillChunk(e, 4, 6)], [a, b, c, d]),
+        (5, [], [a, b, c, d, e]),
+        (5, [], [a, b, c, d, e]),
+    ]
+    out = []
+    for num_slots, chunks, decodes in steps:
+        out.append(runner.forward(num_slots, chunks, decodes))
+        for chunk in chunks:
+            chunk.seq.num_computed_tokens += chunk.num_tokens
+        for seq in decodes:
+            seq.num_computed_tokens += 1
+        # Fixed tokens, not sampled ones: both runners then feed the very same inputs.
+        for seq in [ch.seq for ch in chunks if ch.completes_prompt] + decodes:
+            seq.output_token_ids.append(7 + len(seq.output_token_ids))
+    return out
+
+
+def test_packed_step_gives_the_split_steps_logits(arch_dir: Path) -> None:
+    packed = ModelRunner(load(arch_dir), max_num_seqs=5, max_model_len=64)
+    split = ModelRunner(load(arch_dir), max_num_seqs=5, max_model_len=64, packed=False)
+    assert packed.packed and not split.packed
+    got, want = script(packed), script(split)
+    # rows: completing chunks (a, b; then c, d; then e), then decodes
+    assert [t.shape[0] for t in got] == [2, 4, 5, 5, 5]
+    for step, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.shape == w.shape, step
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=f"step {step}")
+
+
+def test_a_model_without_sdpa_attention_runs_split(arch_dir: Path) -> None:
+    # eager attention may carry what SDPA cannot (softcapping): such a model keeps two forwards
+    runner = ModelRunner(load(arch_dir, "eager"), max_num_seqs=5, max_model_len=64)
+    assert not runner.packed
+    assert len(script(runner)) == 5

@@ -1,5 +1,6 @@
 """Engine-only benchmark: the packed step (one forward per step) against the split one (prefill
-and decode forwards), in the same process, on the same model and prompts, interleaved rounds.
+and decode forwards) and the raw ceiling (`scripts/bench.py`'s batched decode loop at batch
+`--concurrency`), in the same process, on the same model, interleaved rounds.
 
 No HTTP: an `EngineCore` on its own thread, driven by a closed loop of `--concurrency` streams
 (each finished request is replaced at once by a new one, as the serving benchmark's clients
@@ -7,7 +8,8 @@ do; the first ones arrive `--ramp` per step, as a burst reaches the engine throu
 that parses requests one at a time, so later arrivals stay staggered too), prompts of
 `--prompt-tokens` random ids, `--max-tokens` greedy tokens each with eos ignored. This is the
 part of `make bench` that the engine alone decides; ratios within a round are the figures to
-read (the VM drifts from minute to minute).
+read (the VM drifts from minute to minute). Against the serving benchmark's ratios, the
+difference is what HTTP, the load client and their share of the cores cost.
 
     .venv/bin/python scripts/bench_engine.py --model-size m --concurrency 32 --rounds 3
 """
@@ -35,6 +37,7 @@ from models.model_runner import ModelRunner  # noqa: E402
 from models.outputs import RequestOutput  # noqa: E402
 from models.sampling_params import SamplingParams  # noqa: E402
 from models.tiny import ensure_tiny  # noqa: E402
+from scripts.bench import ceiling_worker  # noqa: E402
 
 RUNNERS = ("packed", "split")
 
@@ -115,12 +118,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ramp", type=int, default=2, help="first requests arriving per step (concurrency: one burst)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--no-ceiling", action="store_true", help="leave out the raw ceiling")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     num_requests = args.requests or 4 * args.concurrency
     model_dir = args.model_dir or ensure_tiny(size=args.model_size)
     loaded = load_model(ModelConfig(str(model_dir), device="cpu", dtype="float32"))
     results: dict[str, list[LoopResult]] = {name: [] for name in RUNNERS}
+    ceilings: list[float] = []
     for round_ in range(args.rounds):
         # Alternate which runner goes first, so neither always gets the cooler minute.
         order = RUNNERS if round_ % 2 == 0 else RUNNERS[::-1]
@@ -140,6 +145,10 @@ def main(argv: list[str]) -> int:
                 f"{1000 * result.ttft_p99_s:6.1f} ms, {result.steps} steps",
                 flush=True,
             )
+        if not args.no_ceiling:
+            ceiling = ceiling_worker(str(model_dir), args.concurrency, args.threads, args.max_tokens, runs=2)
+            ceilings.append(ceiling["tokens_per_s"])
+            print(f"round {round_ + 1} ceiling: {ceilings[-1]:7.1f} tok/s (batch {args.concurrency})", flush=True)
     ratios = [p.tokens_per_s / s.tokens_per_s for p, s in zip(results["packed"], results["split"], strict=True)]
     ttft = [p.ttft_p99_s / s.ttft_p99_s for p, s in zip(results["packed"], results["split"], strict=True)]
     print(
@@ -158,6 +167,10 @@ def main(argv: list[str]) -> int:
         )
     print(f"packed / split tokens/s per round: {', '.join(f'{r:.2f}x' for r in ratios)}")
     print(f"packed / split TTFT p99 per round: {', '.join(f'{r:.2f}x' for r in ttft)}")
+    if ceilings:
+        vs = [p.tokens_per_s / c for p, c in zip(results["packed"], ceilings, strict=True)]
+        print(f"ceiling tok/s per round: {', '.join(f'{c:.1f}' for c in ceilings)}")
+        print(f"packed / ceiling tokens/s per round: {', '.join(f'{r:.2f}x' for r in vs)}")
     return 0
 
 

@@ -9,7 +9,6 @@ and `request_headers()`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import random
@@ -18,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
+from .rawhttp import RawHttpClient, RawHttpError
 
+REQUEST_TIMEOUT_S = 600.0  # one request, first byte to last
 # 8 words come to 27-38 (mean 32) prompt tokens with the tiny model's tokenizer and ChatML template.
 DEFAULT_PROMPT_WORDS = 8
 WORD_POOL = (
@@ -65,32 +65,38 @@ class LoadSpec:
 
 
 async def stream_chat(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    client: RawHttpClient, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> RequestResult:
     result = RequestResult()
     content_times: list[float] = []
     finish_reason, usage = None, None
+    request_headers = {"content-type": "application/json", "accept": "text/event-stream", **(headers or {})}
     start = time.perf_counter()
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")[:200]
-                return RequestResult(error=f"HTTP {response.status_code}: {text}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # blank separators and `:` keep-alive comments
-                data = line[5:].strip()
-                if data == "[DONE]":  # NOTE: not required; some servers end the stream without it
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    return RequestResult(error=f"stream error: {chunk['error']}")
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or ():
-                    if (choice.get("delta") or {}).get("content"):
-                        content_times.append(time.perf_counter())
-                    finish_reason = choice.get("finish_reason") or finish_reason
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            async with client.stream("POST", path, json.dumps(body).encode(), request_headers) as (response, chunks):
+                if response.status != 200:
+                    text = b"".join([chunk async for chunk in chunks]).decode(errors="replace")[:200]
+                    return RequestResult(error=f"HTTP {response.status}: {text}")
+                pending = b""
+                async for chunk in chunks:
+                    lines = (pending + chunk).split(b"\n")
+                    pending = lines.pop()  # an incomplete last line waits for the next chunk
+                    for line in lines:
+                        if not line.startswith(b"data:"):
+                            continue  # blank separators and `:` keep-alive comments
+                        data = line[5:].strip()
+                        if data == b"[DONE]":  # NOTE: not required; some servers end without it
+                            continue
+                        event = json.loads(data)
+                        if "error" in event:
+                            return RequestResult(error=f"stream error: {event['error']}")
+                        usage = event.get("usage") or usage
+                        for choice in event.get("choices") or ():
+                            if (choice.get("delta") or {}).get("content"):
+                                content_times.append(time.perf_counter())
+                            finish_reason = choice.get("finish_reason") or finish_reason
+    except (RawHttpError, json.JSONDecodeError, TimeoutError) as exc:
         return RequestResult(error=f"{type(exc).__name__}: {exc}")
     result.e2e_s = time.perf_counter() - start
     if not content_times or finish_reason is None:
@@ -127,25 +133,22 @@ async def run_load(
     `on_done` is called after every request (a progress bar). Returns (results, wall seconds of the
     whole load, CPU seconds this client process used).
     """
-    url = f"{sut.base_url}/v1/chat/completions"
+    path = "/v1/chat/completions"
     body = {"model": sut.model_name, "max_tokens": spec.max_tokens, "temperature": 0, "stream": True}
     body |= {"stream_options": {"include_usage": True}, **sut.request_extras}
-    max_connections = spec.concurrency + 8 if spec.rate is None else 1024
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0)) as client:
+    client = RawHttpClient(sut.base_url)
+    try:
 
         async def one(prompt: str) -> RequestResult:
             body_i = {**body, "messages": [{"role": "user", "content": prompt}]}
-            result = await stream_chat(client, url, body_i, sut.request_headers())
+            result = await stream_chat(client, path, body_i, sut.request_headers())
             if on_done is not None:
                 on_done()
             return result
 
-        # Open the connections (and let httpx do its lazy first-use set-up) before the clock runs:
-        # otherwise the first request's TTFT carries up to a second of client start-up, whatever
-        # the server (seen with every system at every concurrency).
-        num_warm = spec.concurrency if spec.rate is None else min(64, max_connections)
-        await asyncio.gather(*(_touch(client, f"{sut.base_url}/v1/models") for _ in range(num_warm)))
+        # Open the connections before the clock runs: a closed loop's first burst then measures
+        # the server, not TCP handshakes.
+        await client.open_connections(spec.concurrency if spec.rate is None else 64)
         cpu_start, start = time.process_time(), time.perf_counter()
         if spec.rate is None:
             per_client = spec.requests_per_client
@@ -164,12 +167,9 @@ async def run_load(
                 tasks.append(asyncio.create_task(one(prompt)))
             results = list(await asyncio.gather(*tasks))
         wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    finally:
+        await client.aclose()
     return results, wall_s, cpu_s
-
-
-async def _touch(client: httpx.AsyncClient, url: str) -> None:
-    with contextlib.suppress(httpx.HTTPError):
-        await client.get(url)
 
 
 def percentile(values: list[float], q: float) -> float | None:

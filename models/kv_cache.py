@@ -41,6 +41,10 @@ class StepPlan:
     slots: torch.Tensor | None = None  # None means the contiguous block [0, num_rows)
     num_rows: int = 0
     chunks: tuple[ChunkRows, ...] | None = None  # set for a packed step only
+    # Packed: positions the decode block and the chunks attend to ([0, n)), each at most
+    # read_len; a burst of new prompts beside long-running streams reads only its own length.
+    decode_len: int = 0
+    chunk_len: int = 0
     # Packed steps with several chunks attend them as one padded batch: (C, T) row indices of
     # each chunk's tokens (short chunks repeat their last row), the chunks' slots (C,), and
     # which of the C*T padded rows are real, in row order.

@@ -97,13 +97,13 @@ class ModelRunner:
         slots = list(range(num_rows))
         write_pos = [scratch] * num_rows
         is_pad = [True] * num_rows
-        read_len = 0
+        decode_len = chunk_len = 0
         for seq in decodes:
             slot, position = seq.slot, seq.num_computed_tokens
             input_ids[slot] = seq.last_token_id
             positions[slot] = write_pos[slot] = position
             is_pad[slot] = False
-            read_len = max(read_len, position + 1)
+            decode_len = max(decode_len, position + 1)
         groups = []
         keep = []  # the rows whose logits come back: completing chunks' last tokens, then decodes
         for chunk in chunks:
@@ -115,10 +115,11 @@ class ModelRunner:
             write_pos += span
             slots += [slot] * chunk.num_tokens
             is_pad += [False] * chunk.num_tokens
-            read_len = max(read_len, end)
+            chunk_len = max(chunk_len, end)
             if chunk.completes_prompt:
                 keep.append(len(input_ids) - 1)
         keep += [seq.slot for seq in decodes]
+        read_len = max(decode_len, chunk_len)
         self.cache.ensure_capacity(read_len)
         device = self.device
         pos = torch.tensor(positions, device=device)[None]  # (1, N)
@@ -128,6 +129,8 @@ class ModelRunner:
             slots=torch.tensor(slots, device=device),
             num_rows=num_rows,
             chunks=tuple(groups),
+            decode_len=decode_len,
+            chunk_len=chunk_len,
         )
         if len(groups) > 1:
             width = max(g.num_tokens for g in groups)
@@ -257,25 +260,29 @@ def _packed_attention(
     parts = []
     num_rows = plan.num_rows
     if num_rows:
+        length = plan.decode_len
         q = query[0, :, :num_rows].transpose(0, 1)[:, :, None]  # (B, H, 1, D)
-        mask = attention_mask[0, 0, :num_rows, None, None]  # (B, 1, 1, L)
-        out, _ = sdpa_attention_forward(module, q, key[:num_rows], value[:num_rows], mask, **kwargs)
+        mask = attention_mask[0, 0, :num_rows, None, None, :length]  # (B, 1, 1, L)
+        k, v = key[:num_rows, :, :length], value[:num_rows, :, :length]
+        out, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)
         parts.append(out.transpose(0, 1))  # (B, 1, H, D) -> (1, B, H, D)
     if plan.chunk_index is not None and plan.chunk_slots is not None and plan.chunk_real is not None:
         # Several chunks: one padded (C, T) batch against a copy of their slots' K/V. One SDPA
         # call instead of one per chunk (a burst of arrivals brings dozens of chunks).
-        index = plan.chunk_index
+        index, length = plan.chunk_index, plan.chunk_len
         q = query[0][:, index].transpose(0, 1)  # (H, C, T, D) -> (C, H, T, D)
-        mask = attention_mask[0, 0][index][:, None]  # (C, 1, T, L)
+        mask = attention_mask[0, 0, :, :length][index][:, None]  # (C, 1, T, L)
         slots = plan.chunk_slots
-        out, _ = sdpa_attention_forward(module, q, key[slots], value[slots], mask, **kwargs)  # (C, T, H, D)
+        k, v = key[slots, :, :length], value[slots, :, :length]
+        out, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)  # (C, T, H, D)
         parts.append(out.flatten(0, 1)[plan.chunk_real][None])  # (1, P, H, D)
     else:
         for chunk in plan.chunks:  # one chunk: its slot's K/V as a view, no copy
             rows = slice(chunk.start, chunk.start + chunk.num_tokens)
-            kv = slice(chunk.slot, chunk.slot + 1)
+            kv, length = slice(chunk.slot, chunk.slot + 1), plan.chunk_len
+            k, v = key[kv, :, :length], value[kv, :, :length]
             out, _ = sdpa_attention_forward(
-                module, query[:, :, rows], key[kv], value[kv], attention_mask[:, :, rows], **kwargs
+                module, query[:, :, rows], k, v, attention_mask[:, :, rows, :length], **kwargs
             )
             parts.append(out)  # (1, T, H, D)
     return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), None

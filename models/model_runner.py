@@ -90,6 +90,11 @@ class ModelRunner:
         return logits[0] if len(logits) == 1 else torch.cat(logits)
 
     def _packed(self, num_slots: int, chunks: Seq[PrefillChunk], decodes: Seq[Sequence]) -> torch.Tensor:
+        decode_len = max((seq.num_computed_tokens + 1 for seq in decodes), default=0)
+        chunk_len = max((chunk.start + chunk.num_tokens for chunk in chunks), default=0)
+        read_len = max(decode_len, chunk_len)
+        # Grow first: the scratch column moves with the capacity, and padding must write there.
+        self.cache.ensure_capacity(read_len)
         scratch = self.cache.scratch_pos
         num_rows = num_slots if decodes else 0
         input_ids = [0] * num_rows
@@ -97,13 +102,11 @@ class ModelRunner:
         slots = list(range(num_rows))
         write_pos = [scratch] * num_rows
         is_pad = [True] * num_rows
-        decode_len = chunk_len = 0
         for seq in decodes:
             slot, position = seq.slot, seq.num_computed_tokens
             input_ids[slot] = seq.last_token_id
             positions[slot] = write_pos[slot] = position
             is_pad[slot] = False
-            decode_len = max(decode_len, position + 1)
         groups = []
         keep = []  # the rows whose logits come back: completing chunks' last tokens, then decodes
         for chunk in chunks:
@@ -115,12 +118,9 @@ class ModelRunner:
             write_pos += span
             slots += [slot] * chunk.num_tokens
             is_pad += [False] * chunk.num_tokens
-            chunk_len = max(chunk_len, end)
             if chunk.completes_prompt:
                 keep.append(len(input_ids) - 1)
         keep += [seq.slot for seq in decodes]
-        read_len = max(decode_len, chunk_len)
-        self.cache.ensure_capacity(read_len)
         device = self.device
         pos = torch.tensor(positions, device=device)[None]  # (1, N)
         plan = StepPlan(

@@ -6,9 +6,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from models.kv_cache import SlotCache
 from models.model_runner import ModelRunner
 from models.sampling_params import SamplingParams
 from models.scheduler import PrefillChunk
@@ -53,10 +55,14 @@ def script(runner: ModelRunner) -> list[torch.Tensor]:
     return out
 
 
-def test_packed_step_gives_the_split_steps_logits(arch_dir: Path) -> None:
+@pytest.mark.parametrize("capacity", [256, 8])
+def test_packed_step_gives_the_split_steps_logits(arch_dir: Path, capacity: int) -> None:
     packed = ModelRunner(load(arch_dir), max_num_seqs=5, max_model_len=64)
     split = ModelRunner(load(arch_dir), max_num_seqs=5, max_model_len=64, packed=False)
     assert packed.packed and not split.packed
+    for runner in (packed, split):
+        # 8 positions to start with: the cache grows (and its scratch column moves) mid-script
+        runner.cache = SlotCache(len(runner.cache.layers), 5, 64, initial_capacity=capacity)
     got, want = script(packed), script(split)
     # rows: completing chunks (a, b; then c, d; then e), then decodes
     assert [t.shape[0] for t in got] == [2, 4, 5, 5, 5]

@@ -47,7 +47,7 @@ class StepPlan:
     chunk_len: int = 0
     # Packed steps with several chunks attend them as one padded batch: (C, T) row indices of
     # each chunk's tokens (short chunks repeat their last row), the chunks' slots (C,), and
-    # which of the C*T padded rows are real, in row order.
+    # the indices of the real rows among the C*T padded ones, in row order.
     chunk_index: torch.Tensor | None = None
     chunk_slots: torch.Tensor | None = None
     chunk_real: torch.Tensor | None = None

@@ -135,10 +135,10 @@ class ModelRunner:
         if len(groups) > 1:
             width = max(g.num_tokens for g in groups)
             index = [[g.start + min(t, g.num_tokens - 1) for t in range(width)] for g in groups]
-            is_real = [t < g.num_tokens for g in groups for t in range(width)]
+            real_rows = [c * width + t for c, g in enumerate(groups) for t in range(g.num_tokens)]
             plan.chunk_index = torch.tensor(index, device=device)
             plan.chunk_slots = torch.tensor([g.slot for g in groups], device=device)
-            plan.chunk_real = torch.tensor(is_real, device=device)
+            plan.chunk_real = torch.tensor(real_rows, device=device)
         pad = torch.tensor(is_pad, device=device)[None]
         self.cache.plan = _active.plan = plan
         try:
@@ -275,7 +275,7 @@ def _packed_attention(
         slots = plan.chunk_slots
         k, v = key[slots, :, :length], value[slots, :, :length]
         out, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)  # (C, T, H, D)
-        parts.append(out.flatten(0, 1)[plan.chunk_real][None])  # (1, P, H, D)
+        parts.append(out.flatten(0, 1).index_select(0, plan.chunk_real)[None])  # (1, P, H, D)
     else:
         for chunk in plan.chunks:  # one chunk: its slot's K/V as a view, no copy
             rows = slice(chunk.start, chunk.start + chunk.num_tokens)

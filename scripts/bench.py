@@ -451,25 +451,40 @@ def combine_rounds(rows: list[dict[str, Any]], results: list[list[RequestResult]
 # ---------------------------------------------------------------- raw ceiling and model (subprocesses)
 
 
-def ceiling_worker(model_dir: str, batch: int, threads: int, new_tokens: int, runs: int) -> dict[str, Any]:
-    """Batched greedy decode with no server: prefill once, then one forward per new token."""
+def ceiling_worker(
+    model_dir: str,
+    batch: int,
+    threads: int,
+    new_tokens: int,
+    runs: int,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> dict[str, Any]:
+    """Batched greedy decode with no server: prefill once, then one forward per new token.
+    `device`, `dtype`: where and how the model runs (scripts/bench_engine.py --device/--dtype)."""
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, model.config.vocab_size, (batch, CEILING_PROMPT_TOKENS), generator=generator)  # (B, T)
+    prompt = prompt.to(device)
+    # CUDA runs asynchronously: wait for the device before each clock read, or it times the launches.
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
 
     @torch.inference_mode()
     def generate() -> tuple[float, float]:
+        sync()
         start = time.perf_counter()
         out = model(input_ids=prompt, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
         next_ids = out.logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        sync()
         prefill_s = time.perf_counter() - start
         for _ in range(new_tokens - 1):
             out = model(input_ids=next_ids, cache=out.cache, use_cache=True)
             next_ids = out.logits[:, -1].argmax(-1, keepdim=True)
+        sync()
         return time.perf_counter() - start, prefill_s
 
     generate()  # warmup

@@ -12,6 +12,12 @@ read (the VM drifts from minute to minute). Against the serving benchmark's rati
 difference is what HTTP, the load client and their share of the cores cost.
 
     .venv/bin/python scripts/bench_engine.py --model-size m --concurrency 32 --rounds 3
+    python3 scripts/bench_engine.py --device cuda --dtype bfloat16 --model-size l
+
+NOTE: on CUDA no explicit synchronize is needed around the closed loop: the sampler copies
+each step's tokens to the host (`.tolist()`) before the engine publishes them, so every
+clock read in `publish` comes after the step's kernels have finished. The ceiling
+synchronizes itself (scripts/bench.py `ceiling_worker`).
 """
 
 from __future__ import annotations
@@ -118,12 +124,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ramp", type=int, default=2, help="first requests arriving per step (concurrency: one burst)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the ceiling runs there too)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--no-ceiling", action="store_true", help="leave out the raw ceiling")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     num_requests = args.requests or 4 * args.concurrency
     model_dir = args.model_dir or ensure_tiny(size=args.model_size)
-    loaded = load_model(ModelConfig(str(model_dir), device="cpu", dtype="float32"))
+    # num_threads: load_model sets torch's thread count, which would otherwise undo --threads.
+    config = ModelConfig(str(model_dir), device=args.device, dtype=args.dtype, num_threads=args.threads)
+    loaded = load_model(config)
     results: dict[str, list[LoopResult]] = {name: [] for name in RUNNERS}
     ceilings: list[float] = []
     for round_ in range(args.rounds):
@@ -146,7 +156,9 @@ def main(argv: list[str]) -> int:
                 flush=True,
             )
         if not args.no_ceiling:
-            ceiling = ceiling_worker(str(model_dir), args.concurrency, args.threads, args.max_tokens, runs=2)
+            ceiling = ceiling_worker(
+                str(model_dir), args.concurrency, args.threads, args.max_tokens, 2, args.device, args.dtype
+            )
             ceilings.append(ceiling["tokens_per_s"])
             print(f"round {round_ + 1} ceiling: {ceilings[-1]:7.1f} tok/s (batch {args.concurrency})", flush=True)
     ratios = [p.tokens_per_s / s.tokens_per_s for p, s in zip(results["packed"], results["split"], strict=True)]
@@ -154,7 +166,7 @@ def main(argv: list[str]) -> int:
     print(
         f"\nmodel {model_dir.name}, {args.concurrency} streams x {num_requests} requests, "
         f"{args.prompt_tokens}-token prompts, {args.max_tokens} tokens each, first arrivals {args.ramp} per step, "
-        f"{args.threads} torch thread(s)"
+        f"{args.threads} torch thread(s), {args.device} {args.dtype}"
     )
     print("| runner | tok/s (median) | TTFT p99 ms (median) | steps (median) |")
     print("|---|---|---|---|")

@@ -17,12 +17,12 @@ from models.sampling_params import SamplingParams
 from tests.app.conftest import MODEL_NAME, running_server
 
 
-def reference_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+def reference_greedy(model_dir: Path, device: str, prompt: list[int], max_new_tokens: int) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], device=device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
             max_new_tokens=max_new_tokens,
             min_new_tokens=max_new_tokens,
             do_sample=False,
@@ -31,13 +31,13 @@ def reference_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) ->
     return out[0, len(prompt) :].tolist()
 
 
-async def test_engine_matches_generate(arch_dir: Path) -> None:
+async def test_engine_matches_generate(arch_dir: Path, device: str) -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 8000) for _ in range(n)] for n in (5, 40, 23, 9)]
     lengths = [24, 12, 30, 18]
-    expected = [reference_greedy(arch_dir, p, n) for p, n in zip(prompts, lengths, strict=True)]
+    expected = [reference_greedy(arch_dir, device, p, n) for p, n in zip(prompts, lengths, strict=True)]
     config = EngineConfig(
-        ModelConfig(str(arch_dir), device="cpu"),
+        ModelConfig(str(arch_dir), device=device, dtype="float32"),
         SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=24, max_model_len=256),
         separate_process=False,  # one start per architecture: no child process to spawn
     )
@@ -58,8 +58,9 @@ async def test_engine_matches_generate(arch_dir: Path) -> None:
     assert got == expected
 
 
-def test_serves_a_streamed_chat(arch_dir: Path) -> None:
-    with running_server(arch_dir, max_model_len=256, max_num_seqs=2) as live:
+def test_serves_a_streamed_chat(arch_dir: Path, device: str) -> None:
+    # The server's default dtype for the device (bfloat16 on CUDA): only the stream's shape is checked.
+    with running_server(arch_dir, device=device, max_model_len=256, max_num_seqs=2) as live:
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
         stream = client.chat.completions.create(
             model=MODEL_NAME,

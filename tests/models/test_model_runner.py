@@ -17,10 +17,12 @@ from models.scheduler import PrefillChunk
 from models.sequence import Sequence
 
 
-def load(model_dir: Path, attn_implementation: str = "sdpa") -> AutoModelForCausalLM:
-    return AutoModelForCausalLM.from_pretrained(
+def load(model_dir: Path, device: str, attn_implementation: str = "sdpa") -> AutoModelForCausalLM:
+    """float32 on `device` (the `device` fixture: SURGE_TEST_DEVICE, default cpu)."""
+    model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation=attn_implementation
-    ).eval()
+    )
+    return model.to(device).eval()
 
 
 def script(runner: ModelRunner) -> list[torch.Tensor]:
@@ -56,9 +58,9 @@ def script(runner: ModelRunner) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("capacity", [256, 8])
-def test_packed_step_gives_the_split_steps_logits(arch_dir: Path, capacity: int) -> None:
-    packed = ModelRunner(load(arch_dir), max_num_seqs=5, max_model_len=64)
-    split = ModelRunner(load(arch_dir), max_num_seqs=5, max_model_len=64, packed=False)
+def test_packed_step_gives_the_split_steps_logits(arch_dir: Path, device: str, capacity: int) -> None:
+    packed = ModelRunner(load(arch_dir, device), max_num_seqs=5, max_model_len=64)
+    split = ModelRunner(load(arch_dir, device), max_num_seqs=5, max_model_len=64, packed=False)
     assert packed.packed and not split.packed
     for runner in (packed, split):
         # 8 positions to start with: the cache grows (and its scratch column moves) mid-script
@@ -71,8 +73,18 @@ def test_packed_step_gives_the_split_steps_logits(arch_dir: Path, capacity: int)
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=f"step {step}")
 
 
-def test_a_model_without_sdpa_attention_runs_split(arch_dir: Path) -> None:
+def test_a_model_without_sdpa_attention_runs_split(arch_dir: Path, device: str) -> None:
     # eager attention may carry what SDPA cannot (softcapping): such a model keeps two forwards
-    runner = ModelRunner(load(arch_dir, "eager"), max_num_seqs=5, max_model_len=64)
+    runner = ModelRunner(load(arch_dir, device, "eager"), max_num_seqs=5, max_model_len=64)
     assert not runner.packed
     assert len(script(runner)) == 5
+
+
+def test_on_cuda_the_runner_turns_cudnn_attention_off(arch_dir: Path, device: str) -> None:
+    # cuDNN's SDPA builds a plan per new shape and every decode step's keys are one longer: on an
+    # H200 in bf16 that made each step ~45 ms instead of ~10 (scripts/device_check.sh found it).
+    if not device.startswith("cuda"):
+        pytest.skip("a CUDA-only setting (SURGE_TEST_DEVICE=cuda runs it)")
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    ModelRunner(load(arch_dir, device), max_num_seqs=5, max_model_len=64)
+    assert not torch.backends.cuda.cudnn_sdp_enabled()

@@ -77,6 +77,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("cors_origin", str, "allowed CORS origin (repeatable, `*` for any)", multiple=True),
     Option("num_threads", int, "torch CPU threads; 1 avoids contention with the event loop, 0 = torch default"),
     Option(
+        "prefill_threads",
+        int,
+        "torch CPU threads for a step that prefills a burst of prompts (128+ prompt tokens), while the"
+        " HTTP side waits; 0 = every CPU the process may use (affinity and cgroup quota)",
+    ),
+    Option(
         "engine_mode",
         str,
         "`process`: the engine runs in a child process, beside the HTTP server rather than sharing its GIL;"
@@ -154,6 +160,7 @@ class Settings:
     api_key: tuple[str, ...] = ()
     cors_origin: tuple[str, ...] = ()
     num_threads: int = 1
+    prefill_threads: int = 0
     engine_mode: str = "process"
     engine_nice: int = 3
     max_body_bytes: int = 8 * 1024 * 1024
@@ -217,6 +224,7 @@ class Settings:
                 self.device,
                 self.dtype,
                 self.num_threads,
+                prefill_threads=self.prefill_threads,
                 revision=self.revision,
                 download_attempts=self.download_attempts,
             ),

@@ -42,6 +42,10 @@ class ModelConfig:
     # the event loop on small machines (see FACTS.md).
     num_threads: int = 1
     trust_remote_code: bool = False
+    # torch threads for a step that prefills a burst of prompts (models/threads.py): the HTTP side
+    # is idle then, so the other cores can help. 0 = every CPU this process may use; a value not
+    # above num_threads turns the switch off.
+    prefill_threads: int = 0
     # Hub ids only: the branch, tag or commit to download ("" = the repository's default branch).
     revision: str = ""
     # Hub ids only: tries of a download that fails transiently (connection errors, timeouts, 429 and
@@ -58,6 +62,8 @@ class ModelConfig:
             raise ValueError(f"unknown device {self.device!r}")
         if self.num_threads < 0:
             raise ValueError("num_threads must be 0 (torch default) or positive")
+        if self.prefill_threads < 0:
+            raise ValueError("prefill_threads must be 0 (every available CPU) or positive")
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,7 @@ class EngineCore:
         else:
             self.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len)
         self.sampler = Sampler(loaded.vocab_size, self.runner.device)
+        self._threads = loaded.threads
         self.scheduler = Scheduler(config, loaded.tokenizer.eos_token_ids)
         self._publish = publish
         self._inbox: queue.SimpleQueue[_Request | str | _Stop] = queue.SimpleQueue()
@@ -212,6 +213,8 @@ class EngineCore:
         self.runner.apply_moves(out.moves)
         if self._faults is not None and self.is_warm:
             self._faults.before_forward()
+        if self._threads is not None:
+            self._threads.before_step(sum(chunk.num_tokens for chunk in out.prefills))
         logits = self.runner.forward(out.num_slots, out.prefills, out.decodes)
         requests = self._requests
         rows = [requests[chunk.seq.request_id].row for chunk in out.prefills if chunk.completes_prompt]

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from models import hub
 from models.config import EngineConfig, ModelConfig
 from models.echo import ECHO_MODEL
+from models.threads import StepThreads, step_threads
 from models.tokenizer import Tokenizer
 
 log = logging.getLogger("surge.loader")
@@ -35,6 +36,7 @@ class LoadedModel:
     path: str  # the local directory it loaded from (for a hub id, the cached snapshot)
     max_position_embeddings: int | None
     vocab_size: int  # the width of the logits (may be padded past the tokenizer's)
+    threads: StepThreads | None = None  # per-step CPU thread counts; None: leave torch's alone
 
 
 def resolve_device(device: str) -> torch.device:
@@ -97,7 +99,14 @@ def load_model(config: ModelConfig) -> LoadedModel:
         sum(p.numel() for p in model.parameters()) / 1e6,
         time.perf_counter() - started,
     )
-    return LoadedModel(model, Tokenizer(hf_tokenizer, eos), path, int(max_pos) if max_pos else None, vocab_size)
+    return LoadedModel(
+        model,
+        Tokenizer(hf_tokenizer, eos),
+        path,
+        int(max_pos) if max_pos else None,
+        vocab_size,
+        step_threads(device, config.num_threads, config.prefill_threads),
+    )
 
 
 def load_echo() -> LoadedModel:

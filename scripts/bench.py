@@ -67,6 +67,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # NOTE: the helpers live in scripts/benchkit/; scripts/ is put on the path so that this file works both
 # as `python scripts/bench.py` and when a test loads it by file location.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(REPO_ROOT) not in sys.path:
+    sys.path.append(str(REPO_ROOT))  # models.cpus (no torch: this process stays free of it)
 from benchkit.load import (  # noqa: E402
     DEFAULT_PROMPT_WORDS,
     LoadSpec,
@@ -81,6 +83,8 @@ from benchkit.load import (  # noqa: E402
 from benchkit.plots import is_plottable, write_plots  # noqa: E402
 from benchkit.procs import process_tree  # noqa: E402
 from benchkit.report import COLUMNS, VS_OFF_COLUMNS, add_vs_off, format_cell, markdown_table, render  # noqa: E402
+
+from models.cpus import available_cpus  # noqa: E402
 
 __all__ = [
     "COLUMNS",
@@ -302,6 +306,7 @@ def surge_server(
     """`surge serve` as the bench runs it; `stack=None` is the plain run at the server's defaults."""
     argv = [sys.executable, "-m", "app.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1"]
     argv += ["--port", "{port}", "--num-threads", str(args.threads), "--max-num-seqs", str(max(concurrency, 32))]
+    argv += ["--prefill-threads", str(args.prefill_threads)]
     if args.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     if stack is not None:
@@ -459,13 +464,17 @@ def ceiling_worker(
     runs: int,
     device: str = "cpu",
     dtype: str = "float32",
+    prefill_threads: int = 0,
 ) -> dict[str, Any]:
     """Batched greedy decode with no server: prefill once, then one forward per new token.
-    `device`, `dtype`: where and how the model runs (scripts/bench_engine.py --device/--dtype)."""
+    `device`, `dtype`: where and how the model runs (scripts/bench_engine.py --device/--dtype).
+    `prefill_threads`: torch threads for the prefill forward when above `threads` (surge's
+    --prefill-threads: a burst's prefill gets the cores the server leaves idle; the ceiling too)."""
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
     torch.set_num_threads(threads)
+    prefill_threads = max(prefill_threads, threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, model.config.vocab_size, (batch, CEILING_PROMPT_TOKENS), generator=generator)  # (B, T)
@@ -477,9 +486,11 @@ def ceiling_worker(
     def generate() -> tuple[float, float]:
         sync()
         start = time.perf_counter()
+        torch.set_num_threads(prefill_threads)
         out = model(input_ids=prompt, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
         next_ids = out.logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
         sync()
+        torch.set_num_threads(threads)
         prefill_s = time.perf_counter() - start
         for _ in range(new_tokens - 1):
             out = model(input_ids=next_ids, cache=out.cache, use_cache=True)
@@ -507,8 +518,9 @@ def run_python(argv: list[str], what: str) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def run_ceiling(model_dir: Path, batch: int, threads: int, new_tokens: int) -> dict[str, Any]:
+def run_ceiling(model_dir: Path, batch: int, threads: int, new_tokens: int, prefill_threads: int) -> dict[str, Any]:
     params = {"model_dir": str(model_dir), "batch": batch, "threads": threads, "new_tokens": new_tokens, "runs": 2}
+    params["prefill_threads"] = prefill_threads
     out = run_python([str(Path(__file__).resolve()), "--ceiling-worker", json.dumps(params)], "the ceiling run")
     return dict(json.loads(out))
 
@@ -545,6 +557,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--prompt-words", type=int, default=DEFAULT_PROMPT_WORDS)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, for the server and the ceiling")
+    parser.add_argument(
+        "--prefill-threads",
+        type=int,
+        default=0,
+        help="surge's --prefill-threads, and the ceiling's threads for its prefill; 0 = every available CPU",
+    )
     parser.add_argument("--max-num-batched-tokens", type=int, help="passed to surge; default: the server's own")
     parser.add_argument("--surge-arg", action="append", default=[], help="extra `surge serve` argument (repeatable)")
     parser.add_argument(
@@ -595,6 +613,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.systems = names
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.prefill_threads < 0:
+        parser.error("--prefill-threads must be 0 (every available CPU) or positive")
+    args.prefill_threads = max(args.prefill_threads or available_cpus(), args.threads)
     if args.rate is not None and (args.rate <= 0 or args.duration <= 0):
         parser.error("--rate and --duration must be positive")
     return args
@@ -613,7 +634,8 @@ def main(argv: list[str]) -> int:
         f"Model `{model_dir.name}`; {args.max_tokens} new tokens per request, greedy, ignore_eos where the "
         f"server takes it (not `transformers serve`: its tokens/s counts the tokens it really produced, see "
         f"`completion tok`); {args.requests_per_client} request(s) per client, closed loop{open_loop}; "
-        f"torch threads {args.threads}. Ceiling: batch = concurrency, {CEILING_PROMPT_TOKENS}-token prompts, "
+        f"torch threads {args.threads} ({args.prefill_threads} for surge's and the ceiling's burst prefills). "
+        f"Ceiling: batch = concurrency, {CEILING_PROMPT_TOKENS}-token prompts, "
         "prefill + greedy decode loop, best of 2 after a warmup."
         + (
             f" {args.rounds} rounds, interleaved (each round: the ceiling, then every system on a fresh server;"
@@ -646,7 +668,7 @@ def main(argv: list[str]) -> int:
             concurrency = spec.concurrency
             if spec.rate is None and not args.no_ceiling and (concurrency, round_) not in ceilings:
                 bar.set_description(f"ceiling B={concurrency}")
-                ceiling = run_ceiling(model_dir, concurrency, args.threads, args.max_tokens)
+                ceiling = run_ceiling(model_dir, concurrency, args.threads, args.max_tokens, args.prefill_threads)
                 ceiling_row = {"system": "ceiling", "concurrency": concurrency, "load": "batch", "round": round_}
                 rows.append(ceiling_row | ceiling)
                 results_by_row.append([])

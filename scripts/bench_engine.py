@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 
 from models.config import ModelConfig, SchedulerConfig  # noqa: E402
+from models.cpus import available_cpus  # noqa: E402
 from models.engine import EngineCore  # noqa: E402
 from models.loader import LoadedModel, load_model  # noqa: E402
 from models.model_runner import ModelRunner  # noqa: E402
@@ -124,6 +125,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ramp", type=int, default=2, help="first requests arriving per step (concurrency: one burst)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--prefill-threads", type=int, default=0, help="torch threads for burst prefills (0 = every available CPU)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the ceiling runs there too)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--no-ceiling", action="store_true", help="leave out the raw ceiling")
@@ -132,7 +136,10 @@ def main(argv: list[str]) -> int:
     num_requests = args.requests or 4 * args.concurrency
     model_dir = args.model_dir or ensure_tiny(size=args.model_size)
     # num_threads: load_model sets torch's thread count, which would otherwise undo --threads.
-    config = ModelConfig(str(model_dir), device=args.device, dtype=args.dtype, num_threads=args.threads)
+    prefill_threads = max(args.prefill_threads or available_cpus(), args.threads)
+    config = ModelConfig(
+        str(model_dir), device=args.device, dtype=args.dtype, num_threads=args.threads, prefill_threads=prefill_threads
+    )
     loaded = load_model(config)
     results: dict[str, list[LoopResult]] = {name: [] for name in RUNNERS}
     ceilings: list[float] = []
@@ -157,7 +164,14 @@ def main(argv: list[str]) -> int:
             )
         if not args.no_ceiling:
             ceiling = ceiling_worker(
-                str(model_dir), args.concurrency, args.threads, args.max_tokens, 2, args.device, args.dtype
+                str(model_dir),
+                args.concurrency,
+                args.threads,
+                args.max_tokens,
+                2,
+                args.device,
+                args.dtype,
+                prefill_threads,
             )
             ceilings.append(ceiling["tokens_per_s"])
             print(f"round {round_ + 1} ceiling: {ceilings[-1]:7.1f} tok/s (batch {args.concurrency})", flush=True)
@@ -166,7 +180,7 @@ def main(argv: list[str]) -> int:
     print(
         f"\nmodel {model_dir.name}, {args.concurrency} streams x {num_requests} requests, "
         f"{args.prompt_tokens}-token prompts, {args.max_tokens} tokens each, first arrivals {args.ramp} per step, "
-        f"{args.threads} torch thread(s), {args.device} {args.dtype}"
+        f"{args.threads} torch thread(s) ({prefill_threads} for burst prefills), {args.device} {args.dtype}"
     )
     print("| runner | tok/s (median) | TTFT p99 ms (median) | steps (median) |")
     print("|---|---|---|---|")

@@ -1,0 +1,104 @@
+"""Per-step CPU threads: a burst's prefill runs on `prefill` threads, decode steps on `decode`."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from models.config import ModelConfig, SchedulerConfig
+from models.cpus import available_cpus
+from models.engine import EngineCore
+from models.loader import load_model
+from models.outputs import RequestOutput
+from models.sampling_params import SamplingParams
+from models.threads import StepThreads, step_threads
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads() -> Iterator[None]:
+    saved = torch.get_num_threads()
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_a_burst_step_gets_the_prefill_threads_and_the_next_decode_step_goes_back() -> None:
+    threads = StepThreads(decode=1, prefill=2, min_prompt_tokens=128)
+    threads.before_step(512)
+    assert torch.get_num_threads() == 2
+    threads.before_step(127)  # a decode step with a short prompt riding along
+    assert torch.get_num_threads() == 1
+    threads.before_step(0)
+    assert torch.get_num_threads() == 1
+    threads.before_step(128)
+    assert torch.get_num_threads() == 2
+
+
+def test_the_first_step_sets_the_count_whatever_torch_had() -> None:
+    threads = StepThreads(decode=1, prefill=2)
+    torch.set_num_threads(3)  # e.g. another thread's count: the object cannot know it
+    threads.before_step(0)
+    assert torch.get_num_threads() == 1
+
+
+@pytest.mark.parametrize(
+    ("device", "num_threads", "prefill_threads", "expected"),
+    [
+        ("cpu", 1, 2, (1, 2)),
+        ("cpu", 2, 4, (2, 4)),
+        ("cpu", 2, 2, None),  # nothing to switch
+        ("cpu", 4, 2, None),  # fewer for a burst than for decode: off, not fewer
+        ("cpu", 0, 2, None),  # torch's own default count: surge does not manage threads
+        ("cuda", 1, 2, None),  # CPU threads only launch kernels there
+    ],
+)
+def test_the_policy_for_a_configuration(
+    device: str, num_threads: int, prefill_threads: int, expected: tuple[int, int] | None
+) -> None:
+    policy = step_threads(torch.device(device), num_threads, prefill_threads)
+    assert (None if policy is None else (policy.decode, policy.prefill)) == expected
+
+
+def test_prefill_threads_0_takes_every_available_cpu() -> None:
+    policy = step_threads(torch.device("cpu"), 1, 0)
+    cpus = available_cpus()
+    assert (policy is None) if cpus == 1 else (policy is not None and policy.prefill == cpus)
+
+
+def test_the_engine_prefills_a_burst_on_more_threads_and_decodes_on_one(tiny_model_dir: Path) -> None:
+    loaded = load_model(ModelConfig(str(tiny_model_dir), device="cpu", num_threads=1, prefill_threads=2))
+    assert loaded.threads is not None and (loaded.threads.decode, loaded.threads.prefill) == (1, 2)
+    finished = threading.Event()
+    outputs: list[RequestOutput] = []
+
+    def publish(batch: list[RequestOutput]) -> None:
+        outputs.extend(batch)
+        if sum(out.finish_reason is not None for out in outputs) == 6:
+            finished.set()
+
+    core = EngineCore(loaded, SchedulerConfig(max_model_len=512), publish)
+    seen: list[tuple[int, int]] = []  # (prompt tokens of the step, torch threads during its forward)
+    forward = core.runner.forward
+
+    def observed_forward(num_slots: int, chunks: Any, decodes: Any) -> torch.Tensor:
+        seen.append((sum(chunk.num_tokens for chunk in chunks), torch.get_num_threads()))
+        return forward(num_slots, chunks, decodes)
+
+    core.runner.forward = observed_forward  # type: ignore[method-assign]
+    # Six 32-token prompts in the inbox before the loop starts: the first step prefills 192 tokens.
+    for i in range(6):
+        core.add_request(f"r{i}", [5 + i] * 32, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    core.start()
+    try:
+        assert finished.wait(60), "the requests did not finish"
+    finally:
+        core.stop()
+    warmup = next(i for i, (tokens, _) in enumerate(seen) if tokens == 192)
+    steps = seen[warmup:]
+    assert steps[0] == (192, 2)
+    assert steps[1:] and all(threads == 1 for tokens, threads in steps[1:] if tokens < 128)
+    assert sum(out.num_output_tokens == 4 and out.finish_reason is not None for out in outputs) == 6

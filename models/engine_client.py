@@ -88,6 +88,11 @@ class EngineProcess:
         self._gpu_stats: list[GpuStat] = []
         self._send_lock = threading.Lock()  # stop() runs on a worker thread
         self._outgoing = bytearray()  # framed messages the pipe did not take yet
+        # Requests submitted in this event-loop iteration, sent as one ADD message at its end: a
+        # burst of streams reaches the engine together and fills one step, instead of its first
+        # request waking the engine into a step of one (and one write per request).
+        self._adds: list[tuple[Any, ...]] = []
+        self._loop_thread = threading.get_ident()  # built on the loop's thread
         self._is_writer_on = False  # the loop watches the pipe for room
         self._stopping = False
         self._loaded: asyncio.Future[tuple[Any, ...]] = loop.create_future()
@@ -142,13 +147,21 @@ class EngineProcess:
         if self.dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead}")
         arrived = time.monotonic() if arrival_time is None else arrival_time  # one clock for both processes
-        self._send((ADD, request_id, prompt_token_ids, params, priority, arrived))
+        with self._send_lock:
+            self._adds.append((request_id, prompt_token_ids, params, priority, arrived))
+            first = len(self._adds) == 1
+        if first:
+            if threading.get_ident() == self._loop_thread:
+                self._loop.call_soon(self._send_adds)  # after the rest of this iteration's callbacks
+            else:
+                self._loop.call_soon_threadsafe(self._send_adds)
         self._num_sent += 1
         self._open.add(request_id)
 
     def abort_request(self, request_id: str) -> None:
         self._open.discard(request_id)
         if self.dead is None:
+            self._send_adds()  # an abort must not overtake its request's ADD
             self._send((ABORT, request_id))
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -225,6 +238,12 @@ class EngineProcess:
 
     # --- the pipe -----------------------------------------------------------------------------
 
+    def _send_adds(self) -> None:
+        with self._send_lock:
+            adds, self._adds = self._adds, []
+        if adds and self.dead is None:
+            self._send((ADD, adds))
+
     def _send(self, message: tuple[Any, ...]) -> None:
         """Queue one message (multiprocessing's framing, so the child's `Connection.recv` reads
         it) and write what the pipe takes now; on the event loop this never blocks: a busy child
@@ -266,6 +285,10 @@ class EngineProcess:
         payload = pickle.dumps((STOP,), protocol=pickle.HIGHEST_PROTOCOL)
         deadline = time.monotonic() + timeout
         with self._send_lock:
+            if self._adds:  # not sent yet: the child fails them on STOP, as it fails what it holds
+                adds = pickle.dumps((ADD, self._adds), protocol=pickle.HIGHEST_PROTOCOL)
+                self._outgoing += struct.pack("!i", len(adds)) + adds
+                self._adds = []
             data = bytes(self._outgoing) + struct.pack("!i", len(payload)) + payload
             self._outgoing.clear()
             fd = self._requests.fileno()

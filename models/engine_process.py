@@ -10,8 +10,9 @@ The child loads the model, runs `EngineCore.run()` on its main thread and talks 
 server over two one-way pipes:
 
 - requests in (`serve_engine`'s receiver thread feeds the core's inbox, so the loop never
-  waits on the pipe): `(ADD, request_id, prompt_token_ids, params, priority, arrival_time)`,
-  `(ABORT, request_id)`, `(STOP,)`;
+  waits on the pipe): `(ADD, [(request_id, prompt_token_ids, params, priority, arrival_time),
+  ...])` with every request the server's event loop submitted in one iteration (a burst arrives
+  whole and fills one step), `(ABORT, request_id)`, `(STOP,)`;
 - messages out, at most one per loop iteration: `(LOADED, path, max_pos, vocab_size,
   eos_ids, max_model_len)` once, `(FAILED, message)` if loading fails, then `(STEP, outputs,
   events, stats)` whenever something changed, `(GPU, stats)` about once a second on CUDA
@@ -195,12 +196,12 @@ def _receive(requests: Connection, core: EngineCore, outbox: _Outbox) -> None:
             message = requests.recv()
             kind = message[0]
             if kind == ADD:
-                _, request_id, prompt_token_ids, params, priority, arrival_time = message
-                try:
-                    core.add_request(request_id, prompt_token_ids, params, priority, arrival_time)
-                except Exception as exc:  # the loop died; the server fails the request on DEAD
-                    log.warning("request %s refused: %s", request_id, exc)
-                outbox.num_received += 1  # after the inbox holds it: num_waiting never dips
+                for request_id, prompt_token_ids, params, priority, arrival_time in message[1]:
+                    try:
+                        core.add_request(request_id, prompt_token_ids, params, priority, arrival_time)
+                    except Exception as exc:  # the loop died; the server fails the request on DEAD
+                        log.warning("request %s refused: %s", request_id, exc)
+                    outbox.num_received += 1  # after the inbox holds it: num_waiting never dips
             elif kind == ABORT:
                 core.abort_request(message[1])
             else:

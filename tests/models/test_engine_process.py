@@ -105,6 +105,22 @@ async def test_figures_and_metrics_events_reach_the_server(observed: tuple[Async
     assert child_of(engine).num_steps > 0
 
 
+async def test_a_burst_submitted_in_one_loop_iteration_fills_the_first_step(tiny_model_dir: Path) -> None:
+    """A burst of streams (one handler each, all in one event-loop iteration) reaches the child in
+    one message: its first step prefills all of them. One message per request let the first one
+    wake the idle child into a step of its own, and the rest waited a whole step behind it."""
+    observer = RecordingObserver()
+    config = engine_config(tiny_model_dir, max_num_batched_tokens=512)
+    engine = await AsyncEngine.start(config, observer=observer)
+    try:
+        groups = [engine.submit([(prompt(32, i), greedy(3))]) for i in range(8)]
+        results = await asyncio.wait_for(asyncio.gather(*(run(group) for group in groups)), timeout=60)
+    finally:
+        engine.stop()
+    assert all(len(tokens(outputs)) == 3 for (outputs,) in results)
+    assert observer.num_seqs[0] == 8  # the first step: every request of the burst
+
+
 async def test_waiting_and_running_counts_follow_the_child(tiny_model_dir: Path) -> None:
     engine = await AsyncEngine.start(engine_config(tiny_model_dir, max_num_seqs=1, max_num_batched_tokens=32))
     core = child_of(engine)
@@ -191,6 +207,7 @@ async def test_a_frozen_child_never_blocks_the_event_loop(tiny_model_dir: Path) 
         started = loop.time()
         # 200 x 400 token ids: several times the 64 KiB a pipe holds.
         groups = [engine.submit([(prompt(400, i), greedy(2))]) for i in range(200)]
+        await asyncio.sleep(0.05)  # the loop sends this iteration's requests as one message
         assert loop.time() - started < 2.0
         assert child_of(engine)._outgoing  # the rest waits in the server, not in a blocked write
         os.kill(pid, signal.SIGCONT)
@@ -224,6 +241,7 @@ async def test_stopping_a_frozen_child_with_a_full_pipe_does_not_hang(tiny_model
         os.kill(pid, signal.SIGSTOP)
         for i in range(200):  # several pipes' worth, most of it queued in the server
             engine.submit([(prompt(400, i), greedy(2))])
+        await asyncio.sleep(0.05)  # the loop sends this iteration's requests as one message
         assert child._outgoing
         loop = asyncio.get_running_loop()
         started = loop.time()

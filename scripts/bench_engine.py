@@ -136,7 +136,9 @@ def main(argv: list[str]) -> int:
     num_requests = args.requests or 4 * args.concurrency
     model_dir = args.model_dir or ensure_tiny(size=args.model_size)
     # num_threads: load_model sets torch's thread count, which would otherwise undo --threads.
-    prefill_threads = max(args.prefill_threads or available_cpus(), args.threads)
+    # CPU threads matter on the CPU only (on a GPU they launch kernels): there, one count for all.
+    on_cpu = torch.device(args.device).type == "cpu"
+    prefill_threads = max(args.prefill_threads or available_cpus(), args.threads) if on_cpu else args.threads
     config = ModelConfig(
         str(model_dir), device=args.device, dtype=args.dtype, num_threads=args.threads, prefill_threads=prefill_threads
     )
@@ -177,10 +179,11 @@ def main(argv: list[str]) -> int:
             print(f"round {round_ + 1} ceiling: {ceilings[-1]:7.1f} tok/s (batch {args.concurrency})", flush=True)
     ratios = [p.tokens_per_s / s.tokens_per_s for p, s in zip(results["packed"], results["split"], strict=True)]
     ttft = [p.ttft_p99_s / s.ttft_p99_s for p, s in zip(results["packed"], results["split"], strict=True)]
+    threads = f"{args.threads} torch thread(s) ({prefill_threads} for burst prefills), " if on_cpu else ""
     print(
         f"\nmodel {model_dir.name}, {args.concurrency} streams x {num_requests} requests, "
         f"{args.prompt_tokens}-token prompts, {args.max_tokens} tokens each, first arrivals {args.ramp} per step, "
-        f"{args.threads} torch thread(s) ({prefill_threads} for burst prefills), {args.device} {args.dtype}"
+        f"{threads}{args.device} {args.dtype}"
     )
     print("| runner | tok/s (median) | TTFT p99 ms (median) | steps (median) |")
     print("|---|---|---|---|")

@@ -68,6 +68,17 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
     return generator
 
 
+def _argmax_rows(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax (ties: the first index; NaN counts as the largest, as in torch).
+
+    On the CPU through numpy: torch's CPU argmax over (32, 8192) float32 took 450 us on one
+    thread, numpy's 18 us, and this is on every greedy step (a decode step of the m model is
+    ~8.7 ms). numpy has no bfloat16: other dtypes, and GPUs, stay with torch."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return list(logits.numpy().argmax(-1).tolist())
+    return list(logits.argmax(-1).tolist())
+
+
 class Sampler:
     """Called once per engine step, from the engine's thread; holds no state between steps."""
 
@@ -86,7 +97,7 @@ class Sampler:
             raise ValueError(f"expected logits of shape ({len(rows)}, {self.vocab_size}), got {tuple(logits.shape)}")
         if all(_is_plain_greedy(row.params) for row in rows):
             # The common case pays for one argmax and one device-to-host copy.
-            return SampleResult(logits.argmax(-1).tolist(), [None] * len(rows))
+            return SampleResult(_argmax_rows(logits), [None] * len(rows))
 
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # (B,)
         greedy: list[int] = []

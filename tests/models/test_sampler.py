@@ -68,6 +68,18 @@ def test_a_temperature_too_small_for_float32_samples_greedily(temperature: float
     assert sample(logits.clone(), rows).token_ids == logits.argmax(-1).tolist()
 
 
+def test_greedy_matches_torch_on_ties_nan_and_strided_logits() -> None:
+    # The CPU fast path goes through numpy (models/sampler.py _argmax_rows): torch's own choices.
+    logits = random_logits(6, 300, seed=3)
+    logits[1] = 0.0  # all tied: the first index
+    logits[2, 17] = logits[2, 250] = 1e6  # a tie for the maximum
+    logits[3, 42] = float("nan")  # NaN counts as the largest
+    with torch.inference_mode():  # as the engine's logits are made
+        inference = logits.clone()
+    for x in (logits, inference, logits[::2], logits[:, :200]):
+        assert sample(x, [row(temperature=0.0) for _ in range(x.shape[0])]).token_ids == x.argmax(-1).tolist()
+
+
 def test_greedy_accepts_half_precision_logits() -> None:
     logits = random_logits(3, 300, seed=1)
     result = sample(logits.to(torch.bfloat16), [row(temperature=0.0) for _ in range(3)])

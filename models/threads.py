@@ -4,7 +4,7 @@ Decode steps run on `decode` threads (1 by default: a second thread fights the H
 the load client for the cores, FACTS.md). A burst of new prompts is different: while the engine
 prefills it, the HTTP process has already handed the requests over and waits for first tokens, so
 the other cores are idle. A step that computes at least `min_prompt_tokens` prompt tokens runs on
-`prefill` threads (on a 2-core Xeon VM a 512-token step of the m model: 41 ms on 1 thread, 23 ms
+`prefill` threads (on a 2-core Xeon VM a 512-token step of the m model: 41 ms on 1 thread, 24-29 ms
 on 2); the next ordinary step goes back to `decode`. Switching costs a `torch.set_num_threads`
 call, made only when the count changes.
 """

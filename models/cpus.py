@@ -7,6 +7,12 @@ import os
 from pathlib import Path
 
 
+def prefill_thread_count(num_threads: int, prefill_threads: int) -> int:
+    """Threads for a burst's prefill: `prefill_threads`, 0 meaning every available CPU, never
+    fewer than the decode steps' `num_threads`."""
+    return max(prefill_threads or available_cpus(), num_threads)
+
+
 def available_cpus() -> int:
     """The CPUs this process may run on: its affinity mask, capped by a cgroup CPU quota (a
     Kubernetes CPU limit; `os.cpu_count()` would report the whole node)."""

@@ -206,15 +206,14 @@ class EngineCore:
         self._publish(self._postprocess(out, token_ids, logprobs))
         self.num_steps += 1
         if self.observer is not None:
-            num_prompt_tokens = sum(chunk.num_tokens for chunk in out.prefills)
-            self.observer.on_step(len(out.decodes) + len(out.prefills), num_prompt_tokens, len(token_ids))
+            self.observer.on_step(len(out.decodes) + len(out.prefills), out.num_prompt_tokens, len(token_ids))
 
     def _execute(self, out: SchedulerOutput) -> tuple[list[int], list[TokenLogprob | None]]:
         self.runner.apply_moves(out.moves)
         if self._faults is not None and self.is_warm:
             self._faults.before_forward()
         if self._threads is not None:
-            self._threads.before_step(sum(chunk.num_tokens for chunk in out.prefills))
+            self._threads.before_step(out.num_prompt_tokens)
         logits = self.runner.forward(out.num_slots, out.prefills, out.decodes)
         requests = self._requests
         rows = [requests[chunk.seq.request_id].row for chunk in out.prefills if chunk.completes_prompt]

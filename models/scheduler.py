@@ -53,6 +53,10 @@ class SchedulerOutput:
     def sequences(self) -> list[Sequence]:
         return [chunk.seq for chunk in self.prefills] + self.decodes
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.prefills)
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_ids: Collection[int] = ()) -> None:

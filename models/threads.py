@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from models.cpus import available_cpus
+from models.cpus import prefill_thread_count
 
 # A step with fewer prompt tokens than this is a decode step with a new request or two riding
 # along: its matmuls are too small for a second thread to pay for the contention.
@@ -47,7 +47,5 @@ def step_threads(device: torch.device, num_threads: int, prefill_threads: int) -
     `prefill_threads` equal to `num_threads`. `prefill_threads` 0: every CPU this process may use."""
     if device.type != "cpu" or num_threads < 1:
         return None
-    prefill = prefill_threads or available_cpus()
-    if prefill <= num_threads:
-        return None
-    return StepThreads(num_threads, prefill)
+    prefill = prefill_thread_count(num_threads, prefill_threads)
+    return StepThreads(num_threads, prefill) if prefill > num_threads else None

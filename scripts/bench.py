@@ -84,7 +84,7 @@ from benchkit.plots import is_plottable, write_plots  # noqa: E402
 from benchkit.procs import process_tree  # noqa: E402
 from benchkit.report import COLUMNS, VS_OFF_COLUMNS, add_vs_off, format_cell, markdown_table, render  # noqa: E402
 
-from models.cpus import available_cpus  # noqa: E402
+from models.cpus import prefill_thread_count  # noqa: E402
 
 __all__ = [
     "COLUMNS",
@@ -615,7 +615,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--rounds must be at least 1")
     if args.prefill_threads < 0:
         parser.error("--prefill-threads must be 0 (every available CPU) or positive")
-    args.prefill_threads = max(args.prefill_threads or available_cpus(), args.threads)
+    args.prefill_threads = prefill_thread_count(args.threads, args.prefill_threads)
     if args.rate is not None and (args.rate <= 0 or args.duration <= 0):
         parser.error("--rate and --duration must be positive")
     return args

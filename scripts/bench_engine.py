@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 
 from models.config import ModelConfig, SchedulerConfig  # noqa: E402
-from models.cpus import available_cpus  # noqa: E402
+from models.cpus import prefill_thread_count  # noqa: E402
 from models.engine import EngineCore  # noqa: E402
 from models.loader import LoadedModel, load_model  # noqa: E402
 from models.model_runner import ModelRunner  # noqa: E402
@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
     # num_threads: load_model sets torch's thread count, which would otherwise undo --threads.
     # CPU threads matter on the CPU only (on a GPU they launch kernels): there, one count for all.
     on_cpu = torch.device(args.device).type == "cpu"
-    prefill_threads = max(args.prefill_threads or available_cpus(), args.threads) if on_cpu else args.threads
+    prefill_threads = prefill_thread_count(args.threads, args.prefill_threads) if on_cpu else args.threads
     config = ModelConfig(
         str(model_dir), device=args.device, dtype=args.dtype, num_threads=args.threads, prefill_threads=prefill_threads
     )

@@ -7,11 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from models.cpus import available_cpus, cgroup_cpu_quota
+from models.cpus import available_cpus, cgroup_cpu_quota, prefill_thread_count
 
 
 def test_available_cpus_is_at_most_the_affinity_mask() -> None:
     assert 1 <= available_cpus() <= len(os.sched_getaffinity(0))
+
+
+def test_prefill_threads_default_to_every_cpu_and_never_undercut_decode() -> None:
+    assert prefill_thread_count(1, 3) == 3
+    assert prefill_thread_count(4, 2) == 4  # never fewer than the decode steps get
+    assert prefill_thread_count(1, 0) == available_cpus()
 
 
 @pytest.mark.parametrize(

@@ -248,9 +248,9 @@ class EngineProcess:
         """Queue one message (multiprocessing's framing, so the child's `Connection.recv` reads
         it) and write what the pipe takes now; on the event loop this never blocks: a busy child
         may leave the pipe full for a whole step, and the loop has streams to serve meanwhile."""
-        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        framed = _frame(message)
         with self._send_lock:
-            self._outgoing += struct.pack("!i", len(payload)) + payload
+            self._outgoing += framed
             if not self._is_writer_on:
                 self._flush()
 
@@ -282,14 +282,12 @@ class EngineProcess:
         """STOP, from any thread (the server stops the engine from a worker thread): written after
         whatever is still queued, so the child reads everything before it; within `timeout`, as
         a child too frozen to read its pipe must not hold up shutdown (stop() kills it)."""
-        payload = pickle.dumps((STOP,), protocol=pickle.HIGHEST_PROTOCOL)
         deadline = time.monotonic() + timeout
         with self._send_lock:
             if self._adds:  # not sent yet: the child fails them on STOP, as it fails what it holds
-                adds = pickle.dumps((ADD, self._adds), protocol=pickle.HIGHEST_PROTOCOL)
-                self._outgoing += struct.pack("!i", len(adds)) + adds
+                self._outgoing += _frame((ADD, self._adds))
                 self._adds = []
-            data = bytes(self._outgoing) + struct.pack("!i", len(payload)) + payload
+            data = bytes(self._outgoing) + _frame((STOP,))
             self._outgoing.clear()
             fd = self._requests.fileno()
             view = memoryview(data)
@@ -392,3 +390,9 @@ class EngineProcess:
             ]
             self._open.clear()
             self._publish(failed)
+
+
+def _frame(message: tuple[Any, ...]) -> bytes:
+    """One message as multiprocessing's framing has it (so the child's `Connection.recv` reads it)."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return struct.pack("!i", len(payload)) + payload

@@ -154,7 +154,7 @@ class Settings:
     device: str = "auto"
     dtype: str = "auto"
     max_num_seqs: int = 32
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = 2048
     max_model_len: int = 0
     served_model_name: str = ""
     api_key: tuple[str, ...] = ()

@@ -29,10 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo root
 from scripts.benchkit.load import LoadSpec, run_load
-from scripts.reliability.common import CpuMeter, cpu_seconds, machine_line, surge_server
+from scripts.reliability.common import CpuMeter, cpu_seconds, labelled, machine_line, scrape, surge_server
 
+CHAT = "/v1/chat/completions"
 OWN_CODE = ("(app/", "(models/", "(middleware/")  # frames of these files are surge's own (paths as _short gives)
 
 
@@ -113,6 +116,10 @@ def spy(pid: int, seconds: float, rate: int, out: Path) -> subprocess.Popen[byte
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--model", default="tiny", help="tiny (the m model) or echo (no forward pass)")
+    parser.add_argument(
+        "--max-tokens", type=int, default=64, help="new tokens per request; 1 makes the per-request path the load"
+    )
     parser.add_argument("--seconds", type=float, default=20.0, help="length of the profiled window")
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=15)
@@ -121,40 +128,49 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="surge-profile-"))
-    with surge_server("tiny", work / "server.log", "--max-num-seqs", str(args.concurrency), *args.server_arg) as server:
+    argv_server = ("--served-model-name", "tiny", "--max-num-seqs", str(args.concurrency), *args.server_arg)
+    with surge_server(args.model, work / "server.log", *argv_server) as server:
         target = Target(server.url, "tiny")
-        warm = LoadSpec(args.concurrency, 1, 64, 8)
+        warm = LoadSpec(args.concurrency, 1, args.max_tokens, 8)
         asyncio.run(run_load(target, warm))  # compiled paths, full slots, filled allocator pools
         # The busiest descendant: multiprocessing may start a resource tracker beside the engine.
         engine_pid = max(server.pids()[1:], key=cpu_seconds)
         # Enough requests per client to outlast the window; the window is what is measured.
-        spec = LoadSpec(args.concurrency, 1000, 64, 8, seed=1)
+        spec = LoadSpec(args.concurrency, 100_000, args.max_tokens, 8, seed=1)
 
-        async def measure() -> tuple[dict[str, float], float]:
+        async def answered() -> float:
+            async with httpx.AsyncClient() as client:
+                return labelled(await scrape(client, server.url), "http_requests_total", handler=CHAT)
+
+        async def measure() -> tuple[dict[str, float], float, float]:
             meter = CpuMeter(server)
             load = asyncio.create_task(run_load(target, spec))
             await asyncio.sleep(2.0)  # the loop is in its steady state
             spies = [spy(pid, args.seconds, args.rate, work / f"{name}.txt") for name, pid in
                      (("server", server.pid), ("engine", engine_pid))]  # fmt: skip
             meter.start()
+            before = await answered()
             await asyncio.sleep(args.seconds)
             cores = meter.stop()
+            rate = (await answered() - before) / args.seconds
             spy_cpu = sum(cpu_seconds(proc.pid) for proc in spies)  # before they are reaped
             for proc in spies:
                 await asyncio.to_thread(proc.wait, 60)
             load.cancel()
-            return cores, spy_cpu / args.seconds
+            return cores, spy_cpu / args.seconds, rate
 
-        cores, spy_cores = asyncio.run(measure())
+        cores, spy_cores, rate = asyncio.run(measure())
     server_profile = read_collapsed(work / "server.txt", "HTTP (server)")
     engine_profile = read_collapsed(work / "engine.txt", "engine")
     lines = [
         f"## Profile: surge serving {args.concurrency} streams",
         "",
         f"Command: `python scripts/profile_serving.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
-        f"Machine: {machine_line()}; model tiny (m); {args.seconds:g} s window; py-spy at {args.rate} Hz.",
+        f"Machine: {machine_line()}; model {args.model}; {args.max_tokens} new tokens per request; "
+        f"{args.seconds:g} s window; py-spy at {args.rate} Hz.",
         f"CPU cores used over the window: {', '.join(f'{k} {v:.2f}' for k, v in cores.items())}, "
-        f"py-spy {spy_cores:.2f}; {os.cpu_count()} cores in all.",
+        f"py-spy {spy_cores:.2f}; {os.cpu_count()} cores in all. Requests answered: {rate:.1f}/s "
+        f"({1000 * cores['server'] / rate if rate else float('nan'):.2f} ms of the HTTP process's CPU each).",
         "",
         *render_profile(server_profile, cores["server"], args.top),
         *render_profile(engine_profile, cores["engine"], args.top),

@@ -16,6 +16,9 @@ PLOTS: tuple[tuple[str, str, str, float], ...] = (
     ("ttft_p99.png", "ttft_p99_s", "TTFT p99 (ms)", 1000.0),
 )
 
+# One colour per system in every plot (matplotlib's cycle would give each plot its own order).
+COLORS = {"surge": "C0", "transformers": "C1", "naive": "C2", "ceiling": "C7"}
+
 
 def is_plottable() -> bool:
     try:
@@ -37,6 +40,12 @@ def series(rows: list[dict[str, Any]], key: str) -> dict[str, list[tuple[int, fl
     return {system: sorted(values) for system, values in points.items()}
 
 
+def spans_decades(values: list[float]) -> bool:
+    """Whether the values spread over more than a factor of 20 (and are all positive): a log axis then."""
+    positive = [v for v in values if v > 0]
+    return len(positive) == len(values) > 1 and max(positive) / min(positive) > 20
+
+
 def write_plots(rows: list[dict[str, Any]], out_dir: Path, title: str = "") -> list[Path]:
     """Write PLOTS into `out_dir`; returns the paths written (a plot with no data is skipped)."""
     import matplotlib
@@ -53,11 +62,14 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path, title: str = "") -> l
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for system, points in sorted(data.items()):
             style = "--" if system == "ceiling" else "-"
-            ax.plot([c for c, _ in points], [v * scale for _, v in points], style, marker="o", label=system)
+            xs, ys = [c for c, _ in points], [v * scale for _, v in points]
+            ax.plot(xs, ys, style, marker="o", label=system, color=COLORS.get(system))
         concurrencies = sorted({c for points in data.values() for c, _ in points})
         if len(concurrencies) > 1 and concurrencies[-1] / concurrencies[0] >= 8:
             ax.set_xscale("log", base=2)
         ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+        if spans_decades([v for points in data.values() for _, v in points]):
+            ax.set_yscale("log")  # else the naive server's seconds flatten everyone else's milliseconds
         ax.set_xlabel("concurrent streams")
         ax.set_ylabel(label)
         ax.set_title(f"{label} vs concurrency" + (f" ({title})" if title else ""))

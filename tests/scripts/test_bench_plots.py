@@ -54,3 +54,11 @@ def test_series_keeps_closed_loop_rows_that_ran(plots: ModuleType) -> None:
         "naive": [(8, 110.0)],
     }
     assert "ceiling" not in plots.series(ROWS, "ttft_p99_s")
+
+
+def test_log_axis_only_when_the_values_span_decades(plots: ModuleType) -> None:
+    # TTFT p99 of surge (ms) beside the naive server's (seconds): a linear axis flattens surge.
+    assert plots.spans_decades([0.02, 0.09, 3.5])
+    assert not plots.spans_decades([120.0, 520.0, 640.0])
+    assert not plots.spans_decades([0.0, 3.5])  # a zero has no place on a log axis
+    assert not plots.spans_decades([3.5])

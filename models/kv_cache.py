@@ -51,6 +51,11 @@ class StepPlan:
     chunk_index: torch.Tensor | None = None
     chunk_slots: torch.Tensor | None = None
     chunk_real: torch.Tensor | None = None
+    # Every chunk starts its prompt (its keys are its own tokens, nothing earlier) and fits any
+    # sliding window: plain causal attention, no mask for the chunks (the mask covers the decode
+    # block alone). SDPA then skips the masked half: flash attention on CUDA, and on CPU the
+    # blocks above the diagonal.
+    causal_chunks: bool = False
 
 
 class SlotLayer(CacheLayerMixin):

@@ -146,12 +146,19 @@ class ModelRunner:
             plan.chunk_slots = torch.tensor([g.slot for g in groups], device=device)
             plan.chunk_real = torch.tensor(real_rows, device=device)
         pad = torch.tensor(is_pad, device=device)[None]
+        window = self._sliding_window
+        plan.causal_chunks = bool(chunks) and all(c.start == 0 for c in chunks)
+        plan.causal_chunks &= window is None or chunk_len <= window
+        if plan.causal_chunks:  # the decode block's rows alone: a 2048-token step's full mask is 16 MB
+            mask = self._mask(pos[:, :num_rows], pad[:, :num_rows], read_len)
+        else:
+            mask = self._mask(pos, pad, read_len)
         self.cache.plan = _active.plan = plan
         try:
             out = self.model(
                 input_ids=torch.tensor(input_ids, device=device)[None],
                 position_ids=pos,
-                attention_mask=self._mask(pos, pad, read_len),
+                attention_mask=mask,
                 cache=self.cache,
                 use_cache=True,
                 logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
@@ -268,16 +275,17 @@ def _packed_attention(
     if num_rows:
         length = plan.decode_len
         q = query[0, :, :num_rows].transpose(0, 1)[:, :, None]  # (B, H, 1, D)
-        mask = attention_mask[0, 0, :num_rows, None, None, :length]  # (B, 1, 1, L)
+        decode_mask = attention_mask[0, 0, :num_rows, None, None, :length]  # (B, 1, 1, L)
         k, v = key[:num_rows, :, :length], value[:num_rows, :, :length]
-        out, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)
+        out, _ = sdpa_attention_forward(module, q, k, v, decode_mask, **kwargs)
         parts.append(out.transpose(0, 1))  # (B, 1, H, D) -> (1, B, H, D)
     if plan.chunk_index is not None and plan.chunk_slots is not None and plan.chunk_real is not None:
         # Several chunks: one padded (C, T) batch against a copy of their slots' K/V. One SDPA
         # call instead of one per chunk (a burst of arrivals brings dozens of chunks).
         index, length = plan.chunk_index, plan.chunk_len
         q = query[0][:, index].transpose(0, 1)  # (H, C, T, D) -> (C, H, T, D)
-        mask = attention_mask[0, 0, :, :length][index][:, None]  # (C, 1, T, L)
+        # Causal: a chunk's real rows see only its own keys; its padding rows (discarded) may see more.
+        mask = None if plan.causal_chunks else attention_mask[0, 0, :, :length][index][:, None]  # (C, 1, T, L)
         slots = plan.chunk_slots
         k, v = key[slots, :, :length], value[slots, :, :length]
         out, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)  # (C, T, H, D)
@@ -287,9 +295,8 @@ def _packed_attention(
             rows = slice(chunk.start, chunk.start + chunk.num_tokens)
             kv, length = slice(chunk.slot, chunk.slot + 1), plan.chunk_len
             k, v = key[kv, :, :length], value[kv, :, :length]
-            out, _ = sdpa_attention_forward(
-                module, query[:, :, rows], k, v, attention_mask[:, :, rows, :length], **kwargs
-            )
+            mask = None if plan.causal_chunks else attention_mask[:, :, rows, :length]
+            out, _ = sdpa_attention_forward(module, query[:, :, rows], k, v, mask, **kwargs)
             parts.append(out)  # (1, T, H, D)
     return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), None
 

@@ -88,3 +88,52 @@ def test_on_cuda_the_runner_turns_cudnn_attention_off(arch_dir: Path, device: st
     torch.backends.cuda.enable_cudnn_sdp(True)
     ModelRunner(load(arch_dir, device), max_num_seqs=5, max_model_len=64)
     assert not torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_steps_of_new_prompts_attend_causally_without_a_mask(arch_dir: Path, device: str) -> None:
+    # When every chunk starts its prompt, attention needs no mask (SDPA's causal path); a chunk
+    # longer than a sliding window (16 here), a continued chunk, and decodes beside new chunks
+    # keep their masks. Each step's logits must match the split runner's either way.
+    packed = ModelRunner(load(arch_dir, device), max_num_seqs=4, max_model_len=64)
+    split = ModelRunner(load(arch_dir, device), max_num_seqs=4, max_model_len=64, packed=False)
+    plans: list[bool] = []
+    forward = packed.model.forward
+
+    def spy_forward(*args: object, **kwargs: object) -> object:
+        assert packed.cache.plan is not None
+        plans.append(packed.cache.plan.causal_chunks)
+        return forward(*args, **kwargs)
+
+    packed.model.forward = spy_forward  # type: ignore[method-assign]
+    results = []
+    for runner in (packed, split):
+        rng = random.Random(1)
+        lengths = {"a": 20, "b": 7, "c": 3, "d": 30}
+        seqs = {
+            n: Sequence(n, [rng.randrange(3, 500) for _ in range(k)], SamplingParams(max_tokens=4))
+            for n, k in lengths.items()
+        }
+        for slot, seq in enumerate(seqs.values()):
+            seq.slot = slot
+        a, b, c, d = seqs.values()
+        steps: list[tuple[int, list[PrefillChunk], list[Sequence]]] = [
+            (1, [PrefillChunk(a, 0, 20)], []),  # one new prompt, longer than the window
+            (3, [PrefillChunk(b, 0, 7), PrefillChunk(c, 0, 3)], [a]),  # new prompts beside a decode
+            (4, [PrefillChunk(d, 0, 10)], [a, b, c]),  # a first chunk that does not finish its prompt
+            (4, [PrefillChunk(d, 10, 20)], [a, b, c]),  # its continuation reads the earlier keys
+            (4, [], [a, b, c, d]),
+        ]
+        logits = []
+        for num_slots, chunks, decodes in steps:
+            logits.append(runner.forward(num_slots, chunks, decodes))
+            for chunk in chunks:
+                chunk.seq.num_computed_tokens += chunk.num_tokens
+            for seq in decodes:
+                seq.num_computed_tokens += 1
+            for seq in [ch.seq for ch in chunks if ch.completes_prompt] + decodes:
+                seq.output_token_ids.append(11 + len(seq.output_token_ids))
+        results.append(logits)
+    sliding = packed._sliding_window is not None
+    assert plans == [not sliding, True, True, False, False]
+    for step, (g, w) in enumerate(zip(*results, strict=True)):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=f"step {step}")

@@ -16,7 +16,7 @@ class SchedulerConfig:
     # prompt can stall running streams: the rest of the prompt waits for the next step. 2048 is
     # vLLM's default for its API server below H100-class devices; at 512 a burst of 32 chat
     # requests (~1,050 prompt tokens) took three prefill steps instead of one, and its TTFT p99
-    # was 1.1-1.5x what it is at 2048 (bench, m and l, N = 32).
+    # was 1.2-1.6x what it is at 2048 (bench, m and l, N = 32).
     max_num_batched_tokens: int = 2048
     # Prompt plus generated tokens of one sequence; 0 takes the model's own limit.
     max_model_len: int = 0

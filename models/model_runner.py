@@ -129,6 +129,8 @@ class ModelRunner:
         keep += [seq.slot for seq in decodes]
         device = self.device
         pos = torch.tensor(positions, device=device)[None]  # (1, N)
+        window = self._sliding_window
+        fresh = bool(chunks) and all(chunk.start == 0 for chunk in chunks)
         plan = StepPlan(
             write_pos=torch.tensor(write_pos, device=device),
             read_len=read_len,
@@ -137,6 +139,7 @@ class ModelRunner:
             chunks=tuple(groups),
             decode_len=decode_len,
             chunk_len=chunk_len,
+            causal_chunks=fresh and (window is None or chunk_len <= window),
         )
         if len(groups) > 1:
             width = max(g.num_tokens for g in groups)
@@ -146,13 +149,9 @@ class ModelRunner:
             plan.chunk_slots = torch.tensor([g.slot for g in groups], device=device)
             plan.chunk_real = torch.tensor(real_rows, device=device)
         pad = torch.tensor(is_pad, device=device)[None]
-        window = self._sliding_window
-        plan.causal_chunks = bool(chunks) and all(c.start == 0 for c in chunks)
-        plan.causal_chunks &= window is None or chunk_len <= window
-        if plan.causal_chunks:  # the decode block's rows alone: a 2048-token step's full mask is 16 MB
-            mask = self._mask(pos[:, :num_rows], pad[:, :num_rows], read_len)
-        else:
-            mask = self._mask(pos, pad, read_len)
+        # Causal chunks need no mask rows: the decode block's alone (a 2048-token step's full mask is 16 MB).
+        rows = slice(num_rows) if plan.causal_chunks else slice(None)
+        mask = self._mask(pos[:, rows], pad[:, rows], read_len)
         self.cache.plan = _active.plan = plan
         try:
             out = self.model(

@@ -71,6 +71,12 @@ OPTIONS: tuple[Option, ...] = (
         int,
         "tokens fed to the model per step; longer prompts are prefilled in chunks of this size",
     ),
+    Option(
+        "max_prompt_chunk_while_decoding",
+        int,
+        "while sequences decode, one prompt's tokens per step at most: a long prompt is prefilled in pieces"
+        " and running streams keep moving; short prompts and an idle engine are not held back; 0 = no cap",
+    ),
     Option("max_model_len", int, "prompt + completion tokens per sequence; 0 = the model's own limit"),
     Option("served_model_name", str, "model name in the API; empty = the --model value"),
     Option("api_key", str, "accepted Bearer key (repeatable); none = no auth", multiple=True),
@@ -155,6 +161,7 @@ class Settings:
     dtype: str = "auto"
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
+    max_prompt_chunk_while_decoding: int = 512
     max_model_len: int = 0
     served_model_name: str = ""
     api_key: tuple[str, ...] = ()
@@ -229,7 +236,11 @@ class Settings:
                 download_attempts=self.download_attempts,
             ),
             scheduler=SchedulerConfig(
-                self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len, self.max_queue_seconds
+                self.max_num_seqs,
+                self.max_num_batched_tokens,
+                self.max_model_len,
+                self.max_queue_seconds,
+                max_prompt_chunk_while_decoding=self.max_prompt_chunk_while_decoding,
             ),
             separate_process=self.engine_mode == "process",
             nice=self.engine_nice,

@@ -22,6 +22,13 @@ class SchedulerConfig:
     max_model_len: int = 0
     # A request still waiting after this long is dropped without using the model; 0 = no limit.
     max_queue_seconds: float = 0.0
+    # While sequences decode, one prompt gets at most this many tokens per step, so a long prompt
+    # cannot freeze running streams for one big step (on CPU a 2,048-token prefill of the `m`
+    # model is a ~300 ms gap between two tokens of every stream; four 512-token chunks, ~60 ms
+    # each). Short prompts are not held back, however many arrive together, nor is anything when
+    # nothing decodes (an idle engine): their first tokens come first. 0 = no such cap. (vLLM's
+    # `long_prefill_token_threshold` caps long prompts always, decoding or not.)
+    max_prompt_chunk_while_decoding: int = 512
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -30,6 +37,8 @@ class SchedulerConfig:
             raise ValueError("max_model_len must be at least 2 (or 0 for the model's own limit)")
         if self.max_queue_seconds < 0:
             raise ValueError("max_queue_seconds must be 0 (no limit) or positive")
+        if self.max_prompt_chunk_while_decoding < 0:
+            raise ValueError("max_prompt_chunk_while_decoding must be 0 (no cap) or positive")
         if self.max_num_batched_tokens <= self.max_num_seqs:
             # Every running sequence decodes one token per step; prefill needs room beyond that.
             raise ValueError("max_num_batched_tokens must be greater than max_num_seqs")

@@ -103,17 +103,20 @@ class Scheduler:
         token budget (max_num_batched_tokens minus the decode rows) goes to prompt chunks:
         first to sequences already part-way through their prompt, oldest first, then to waiting
         sequences in (priority, arrival) order while a slot is free. A prompt larger than the
-        budget is split across steps, so running streams keep moving while it is computed.
+        budget is split across steps, and while there are decode rows no prompt takes more than
+        max_prompt_chunk_while_decoding tokens of a step, so running streams keep moving while
+        it is computed.
         """
         out = SchedulerOutput(moves=self._pending_moves)
         self._pending_moves = []
         out.decodes = [seq for seq in self.running if not seq.is_prefilling]
         budget = self.config.max_num_batched_tokens - len(out.decodes)
+        chunk_cap = self.config.max_prompt_chunk_while_decoding if out.decodes else 0
         for seq in self.running:
             if budget <= 0:
                 break
             if seq.is_prefilling:
-                budget -= self._plan_chunk(out, seq, budget)
+                budget = self._plan_chunk(out, seq, budget, chunk_cap)
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
             admitted = self._pop_waiting()
             if admitted is None:
@@ -122,7 +125,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             seq.slot = len(self.running)
             self.running.append(seq)
-            budget -= self._plan_chunk(out, seq, budget)
+            budget = self._plan_chunk(out, seq, budget, chunk_cap)
         out.num_slots = len(self.running)
         return out
 
@@ -167,10 +170,14 @@ class Scheduler:
             self.finish(seq, FinishReason.ABORT)
         return seq
 
-    def _plan_chunk(self, out: SchedulerOutput, seq: Sequence, budget: int) -> int:
-        num_tokens = min(seq.num_prompt_tokens - seq.num_computed_tokens, budget)
-        out.prefills.append(PrefillChunk(seq, seq.num_computed_tokens, num_tokens))
-        return num_tokens
+    def _plan_chunk(self, out: SchedulerOutput, seq: Sequence, budget: int, cap: int) -> int:
+        """Plan the next chunk of seq's prompt, at most `cap` tokens (0: no cap); return the budget
+        left for other prompts this step. None when the chunk leaves its prompt part-way: one
+        prompt at a time is, and the prompts behind it wait rather than share its steps."""
+        num_tokens = min(seq.num_prompt_tokens - seq.num_computed_tokens, budget, cap or budget)
+        chunk = PrefillChunk(seq, seq.num_computed_tokens, num_tokens)
+        out.prefills.append(chunk)
+        return budget - num_tokens if chunk.completes_prompt else 0
 
     def _pop_waiting(self) -> Sequence | None:
         while self._waiting:

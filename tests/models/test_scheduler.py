@@ -23,9 +23,17 @@ EOS = 2
 TOKEN = 50  # an ordinary sampled token: neither eos nor a stop token
 
 
-def _config(max_num_seqs: int = 4, max_num_batched_tokens: int = 64, max_model_len: int = 256) -> SchedulerConfig:
+def _config(
+    max_num_seqs: int = 4,
+    max_num_batched_tokens: int = 64,
+    max_model_len: int = 256,
+    max_prompt_chunk_while_decoding: int = 512,
+) -> SchedulerConfig:
     return SchedulerConfig(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        max_prompt_chunk_while_decoding=max_prompt_chunk_while_decoding,
     )
 
 
@@ -326,7 +334,12 @@ def test_finish_twice_releases_the_slot_once() -> None:
 def _check_random_run(seed: int, num_adding_steps: int) -> int:
     """Random adds, steps, stop tokens and aborts against a simulated cache; return finished count."""
     rng = random.Random(seed)
-    config = _config(max_num_seqs=rng.randint(1, 6), max_num_batched_tokens=rng.choice([8, 13, 32]), max_model_len=48)
+    config = _config(
+        max_num_seqs=rng.randint(1, 6),
+        max_num_batched_tokens=rng.choice([8, 13, 32]),
+        max_model_len=48,
+        max_prompt_chunk_while_decoding=rng.choice([0, 5, 512]),
+    )
     scheduler = Scheduler(config, eos_token_ids=[EOS])
     cache = _SimulatedCache(config.max_num_seqs)
     waiting: dict[str, Sequence] = {}  # the test's own view of the queue
@@ -368,6 +381,8 @@ def _check_random_run(seed: int, num_adding_steps: int) -> int:
         cache.run(out)
         assert out.num_slots == scheduler.num_running <= config.max_num_seqs
         assert _num_step_tokens(out) <= config.max_num_batched_tokens
+        if out.decodes and config.max_prompt_chunk_while_decoding:
+            assert all(chunk.num_tokens <= config.max_prompt_chunk_while_decoding for chunk in out.prefills)
         assert len({id(seq) for seq in out.sequences}) == len(out.sequences)
         assert all(seq.request_id in live and not seq.is_prefilling for seq in out.decodes)
         # Every running sequence that has its prompt computed decodes: none is starved.
@@ -440,6 +455,51 @@ def test_long_prompt_is_split_across_steps_while_running_sequences_decode() -> N
     assert long.num_output_tokens == 1
     assert a.num_output_tokens == b.num_output_tokens == 4
     assert _engine_step(scheduler).decodes == [a, b, long]
+
+
+def test_while_sequences_decode_a_long_prompt_takes_at_most_the_cap_per_step() -> None:
+    scheduler = _scheduler(max_num_seqs=8, max_num_batched_tokens=64, max_prompt_chunk_while_decoding=10)
+    # Nothing decoding: a prompt longer than the cap still goes in whole, for its first token.
+    first = _seq("first", num_prompt_tokens=30)
+    scheduler.add(first)
+    out = _engine_step(scheduler)
+    assert out.decodes == [] and [chunk.num_tokens for chunk in out.prefills] == [30]
+
+    # Beside a decoding stream: a long prompt 10 tokens a step, not the 63 the budget allows. The
+    # short prompt ahead of it goes in whole; the one behind it waits for it, as with any prompt
+    # left part-way (one at a time).
+    short0, long, short1 = _seq("short0", num_prompt_tokens=8), _seq("long", num_prompt_tokens=25), _seq("short1")
+    for seq in (short0, long, short1):
+        scheduler.add(seq)
+    steps = []
+    for _ in range(3):
+        out = _engine_step(scheduler)
+        assert first in out.decodes
+        steps.append([(c.seq.request_id, c.start, c.num_tokens) for c in out.prefills])
+    assert steps == [
+        [("short0", 0, 8), ("long", 0, 10)],
+        [("long", 10, 10)],
+        [("long", 20, 5), ("short1", 0, short1.num_prompt_tokens)],
+    ]
+
+
+def test_the_decoding_cap_is_per_prompt_not_per_step() -> None:
+    # A burst of short prompts beside a decoding stream goes in whole, 40 tokens past a cap of 10.
+    scheduler = _scheduler(max_num_seqs=8, max_num_batched_tokens=64, max_prompt_chunk_while_decoding=10)
+    decoding = _running_batch(scheduler, 1)
+    burst = [_seq(f"short{i}", num_prompt_tokens=8) for i in range(5)]
+    for seq in burst:
+        scheduler.add(seq)
+    out = scheduler.schedule()
+    assert out.decodes == decoding and [(c.seq, c.num_tokens) for c in out.prefills] == [(s, 8) for s in burst]
+
+
+def test_a_decoding_cap_of_zero_leaves_the_whole_budget_to_prompts() -> None:
+    scheduler = _scheduler(max_num_seqs=8, max_num_batched_tokens=64, max_prompt_chunk_while_decoding=0)
+    decoding = _running_batch(scheduler, 4)
+    scheduler.add(_seq("long", num_prompt_tokens=100))
+    out = scheduler.schedule()
+    assert out.decodes == decoding and [chunk.num_tokens for chunk in out.prefills] == [60]
 
 
 def test_chunk_budget_is_max_num_batched_tokens_minus_num_decodes() -> None:

@@ -25,25 +25,23 @@ def load(model_dir: Path, device: str, attn_implementation: str = "sdpa") -> Aut
     return model.to(device).eval()
 
 
-def script(runner: ModelRunner) -> list[torch.Tensor]:
-    """Five sequences joining, chunking and decoding over four steps; each step's logits."""
-    rng = random.Random(0)
-    lengths = {"a": 5, "b": 9, "c": 20, "d": 12, "e": 10}
-    seqs = {
-        name: Sequence(name, [rng.randrange(3, 500) for _ in range(n)], SamplingParams(max_tokens=8))
+Steps = list[tuple[int, list[PrefillChunk], list[Sequence]]]
+
+
+def sequences(seed: int, lengths: dict[str, int]) -> list[Sequence]:
+    """Random prompts of these lengths, each in the slot of its position."""
+    rng = random.Random(seed)
+    seqs = [
+        Sequence(name, [rng.randrange(3, 500) for _ in range(n)], SamplingParams(max_tokens=8))
         for name, n in lengths.items()
-    }
-    for slot, seq in enumerate(seqs.values()):
-        seq.slot = slot
-    a, b, c, d, e = seqs.values()
-    steps: list[tuple[int, list[PrefillChunk], list[Sequence]]] = [
-        (3, [PrefillChunk(a, 0, 5), PrefillChunk(b, 0, 9), PrefillChunk(c, 0, 6)], []),
-        # c is mid-prompt in slot 2: a padding row of the decode block, and a chunk of its own
-        (5, [PrefillChunk(c, 6, 14), PrefillChunk(d, 0, 12), PrefillChunk(e, 0, 4)], [a, b]),
-        (5, [PrefillChunk(e, 4, 6)], [a, b, c, d]),
-        (5, [], [a, b, c, d, e]),
-        (5, [], [a, b, c, d, e]),
     ]
+    for slot, seq in enumerate(seqs):
+        seq.slot = slot
+    return seqs
+
+
+def run_steps(runner: ModelRunner, steps: Steps) -> list[torch.Tensor]:
+    """Each step's logits, advancing the sequences as the engine would."""
     out = []
     for num_slots, chunks, decodes in steps:
         out.append(runner.forward(num_slots, chunks, decodes))
@@ -55,6 +53,22 @@ def script(runner: ModelRunner) -> list[torch.Tensor]:
         for seq in [ch.seq for ch in chunks if ch.completes_prompt] + decodes:
             seq.output_token_ids.append(7 + len(seq.output_token_ids))
     return out
+
+
+def script(runner: ModelRunner) -> list[torch.Tensor]:
+    """Five sequences joining, chunking and decoding over four steps; each step's logits."""
+    a, b, c, d, e = sequences(0, {"a": 5, "b": 9, "c": 20, "d": 12, "e": 10})
+    return run_steps(
+        runner,
+        [
+            (3, [PrefillChunk(a, 0, 5), PrefillChunk(b, 0, 9), PrefillChunk(c, 0, 6)], []),
+            # c is mid-prompt in slot 2: a padding row of the decode block, and a chunk of its own
+            (5, [PrefillChunk(c, 6, 14), PrefillChunk(d, 0, 12), PrefillChunk(e, 0, 4)], [a, b]),
+            (5, [PrefillChunk(e, 4, 6)], [a, b, c, d]),
+            (5, [], [a, b, c, d, e]),
+            (5, [], [a, b, c, d, e]),
+        ],
+    )
 
 
 @pytest.mark.parametrize("capacity", [256, 8])
@@ -107,32 +121,15 @@ def test_steps_of_new_prompts_attend_causally_without_a_mask(arch_dir: Path, dev
     packed.model.forward = spy_forward  # type: ignore[method-assign]
     results = []
     for runner in (packed, split):
-        rng = random.Random(1)
-        lengths = {"a": 20, "b": 7, "c": 3, "d": 30}
-        seqs = {
-            n: Sequence(n, [rng.randrange(3, 500) for _ in range(k)], SamplingParams(max_tokens=4))
-            for n, k in lengths.items()
-        }
-        for slot, seq in enumerate(seqs.values()):
-            seq.slot = slot
-        a, b, c, d = seqs.values()
-        steps: list[tuple[int, list[PrefillChunk], list[Sequence]]] = [
+        a, b, c, d = sequences(1, {"a": 20, "b": 7, "c": 3, "d": 30})
+        steps: Steps = [
             (1, [PrefillChunk(a, 0, 20)], []),  # one new prompt, longer than the window
             (3, [PrefillChunk(b, 0, 7), PrefillChunk(c, 0, 3)], [a]),  # new prompts beside a decode
             (4, [PrefillChunk(d, 0, 10)], [a, b, c]),  # a first chunk that does not finish its prompt
             (4, [PrefillChunk(d, 10, 20)], [a, b, c]),  # its continuation reads the earlier keys
             (4, [], [a, b, c, d]),
         ]
-        logits = []
-        for num_slots, chunks, decodes in steps:
-            logits.append(runner.forward(num_slots, chunks, decodes))
-            for chunk in chunks:
-                chunk.seq.num_computed_tokens += chunk.num_tokens
-            for seq in decodes:
-                seq.num_computed_tokens += 1
-            for seq in [ch.seq for ch in chunks if ch.completes_prompt] + decodes:
-                seq.output_token_ids.append(11 + len(seq.output_token_ids))
-        results.append(logits)
+        results.append(run_steps(runner, steps))
     sliding = packed._sliding_window is not None
     assert plans == [not sliding, True, True, False, False]
     for step, (g, w) in enumerate(zip(*results, strict=True)):

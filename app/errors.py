@@ -1,18 +1,15 @@
-"""OpenAI-shaped errors: the exception routes raise, and the handlers that render every failure.
+"""The handlers that render every failure as an OpenAI error body with the right HTTP status.
 
-Owns the mapping from failures to `{"error": {"message", "type", "param", "code"}}` with the
-right HTTP status: our own `OpenAIError`, FastAPI's request validation errors (400, not FastAPI's
-422 shape), Starlette's HTTP exceptions (404, 405, ...) and anything uncaught (500). The OpenAI
-SDK picks its exception class from the status alone and reads message/param/code from the body.
-
-Pure ASGI middleware cannot raise into these handlers; they use `error_json` and `send_error`,
-re-exported here from `middleware._errors`.
+Owns the mapping from failures to `{"error": {"message", "type", "param", "code"}}`: our own
+`OpenAIError` (middleware/errors.py, raised by the after-parse layers and the routes), FastAPI's
+request validation errors (400, not FastAPI's 422 shape), Starlette's HTTP exceptions (404, 405,
+...) and anything uncaught (500). The OpenAI SDK picks its exception class from the status alone
+and reads message/param/code from the body.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,99 +20,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from middleware._errors import error_json, send_error
-
-__all__ = [
-    "OpenAIError",
-    "authentication_error",
-    "error_json",
-    "install_error_handlers",
-    "invalid_request",
-    "not_found_model",
-    "payload_too_large",
-    "send_error",
-    "server_error",
-    "service_unavailable",
-]
+from middleware.errors import (
+    INVALID_REQUEST,
+    SERVER_ERROR,
+    OpenAIError,
+    error_json,
+    invalid_request,
+    json_response,
+    server_error,
+)
 
 logger = logging.getLogger(__name__)
-
-INVALID_REQUEST = "invalid_request_error"
-SERVER_ERROR = "server_error"
-
-
-class OpenAIError(Exception):
-    """An error with everything needed to render OpenAI's error body; raise it from routes."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status_code: int,
-        type: str,
-        param: str | None = None,
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status_code = status_code
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = dict(headers or {})
-
-    def to_json(self) -> bytes:
-        return error_json(self.message, type=self.type, param=self.param, code=self.code)
-
-    def to_response(self) -> Response:
-        return _json_response(self.status_code, self.to_json(), self.headers)
-
-
-def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
-    return OpenAIError(message, status_code=400, type=INVALID_REQUEST, param=param, code=code)
-
-
-def not_found_model(model: str) -> OpenAIError:
-    return OpenAIError(
-        f"The model `{model}` does not exist.",
-        status_code=404,
-        type=INVALID_REQUEST,
-        param="model",
-        code="model_not_found",
-    )
-
-
-def authentication_error(message: str = "Incorrect API key provided.") -> OpenAIError:
-    return OpenAIError(
-        message,
-        status_code=401,
-        type=INVALID_REQUEST,
-        code="invalid_api_key",
-        headers={"www-authenticate": "Bearer"},
-    )
-
-
-def payload_too_large(max_body_bytes: int) -> OpenAIError:
-    return OpenAIError(
-        f"Request body too large: the limit is {max_body_bytes} bytes.",
-        status_code=413,
-        type=INVALID_REQUEST,
-        code="payload_too_large",
-    )
-
-
-def service_unavailable(message: str, retry_after: float) -> OpenAIError:
-    # The SDK honours `retry-after-ms` (precise) and `retry-after` (whole seconds, per HTTP).
-    headers = {
-        "retry-after": str(max(1, math.ceil(retry_after))),
-        "retry-after-ms": str(max(1, round(retry_after * 1000))),
-    }
-    return OpenAIError(message, status_code=503, type=SERVER_ERROR, code="service_unavailable", headers=headers)
-
-
-def server_error(message: str = "The server had an error while processing your request.") -> OpenAIError:
-    return OpenAIError(message, status_code=500, type=SERVER_ERROR)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -145,7 +60,7 @@ async def _handle_http_exception(request: Request, exc: StarletteHTTPException) 
         message = f"Method {request.method} is not allowed for {request.url.path}"
     error_type = SERVER_ERROR if exc.status_code >= 500 else INVALID_REQUEST
     body = error_json(message, type=error_type)
-    return _json_response(exc.status_code, body, exc.headers or {})
+    return json_response(exc.status_code, body, exc.headers or {})
 
 
 async def _handle_client_disconnect(request: Request, exc: ClientDisconnect) -> Response:
@@ -160,10 +75,6 @@ async def _handle_client_disconnect(request: Request, exc: ClientDisconnect) -> 
 async def _handle_uncaught(request: Request, exc: Exception) -> Response:
     logger.error("Unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
     return server_error().to_response()
-
-
-def _json_response(status_code: int, body: bytes, headers: Mapping[str, str]) -> Response:
-    return Response(body, status_code=status_code, headers=dict(headers), media_type="application/json")
 
 
 # Pydantic names the failed branch of a union in the error location ("str", "list[TextPart]",

@@ -14,15 +14,12 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from app.admission import DEGRADED_HEADER
-from app.errors import invalid_request, not_found_model, server_error, service_unavailable
-from app.output_source import OutputSource
 from app.schemas import ChatCompletionRequest, CompletionRequest, chat_logprob_entry
 from app.settings import Settings
-from app.state import RETRY_AFTER_SECONDS, ServerState
+from app.state import RETRY_AFTER_SECONDS
+from middleware.errors import invalid_request, not_found_model, server_error, service_unavailable
 from models.async_engine import AsyncEngine
-from models.outputs import RequestOutput
-from models.sampler import TokenLogprob
+from models.outputs import OutputSource, RequestOutput, TokenLogprob
 from models.sampling_params import SamplingParams
 from models.sequence import FinishReason
 from models.tokenizer import Tokenizer
@@ -112,31 +109,6 @@ def sampling_params(
         return [base]
     # Each choice is its own sample; with a seed, choice i uses seed + i so all differ yet repeat.
     return [replace(base, seed=None if base.seed is None else base.seed + i) for i in range(request.n)]
-
-
-def admit(
-    state: ServerState, num_prompt_tokens: int, priority: int, choices: Sequence[SamplingParams]
-) -> tuple[int, list[SamplingParams]]:
-    """The degradation level for this request and its choices as degraded; 503s raised here."""
-    if state.admission is None:
-        return 0, list(choices)
-    level = state.admission.admit(num_prompt_tokens, priority)
-    return level, state.admission.degrade(choices, level)
-
-
-def submit(
-    engine: AsyncEngine, prompts: Sequence[list[int]], choices: Sequence[SamplingParams], priority: int
-) -> OutputSource:
-    """Submit len(prompts) x len(choices) sequences; choice index = prompt_index * n + choice."""
-    try:
-        return engine.submit([(prompt, params) for prompt in prompts for params in choices], priority=priority)
-    except RuntimeError as exc:
-        raise service_unavailable(f"The engine is not available: {exc}", RETRY_AFTER_SECONDS) from exc
-
-
-def degraded_headers(level: int) -> dict[str, str]:
-    """The level applied to a response, in a header: the OpenAI body shape never changes."""
-    return {DEGRADED_HEADER: str(level)} if level else {}
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 
 Owns the root handler and its format. One handler on the root logger serves surge's loggers
 and uvicorn's (`uvicorn.error`, `uvicorn.access`), so every line has the same shape; the
-request id comes from `middleware.request_id.current_request_id`, which is set for the whole
+request id comes from `middleware.edge.request_id.current_request_id`, which is set for the whole
 of a request, uvicorn's access line included.
 
 What is never logged: request bodies (prompts, completions) and headers (API keys). No module
@@ -19,7 +19,7 @@ import sys
 from datetime import datetime, timezone
 from typing import TextIO
 
-from middleware.request_id import current_request_id
+from middleware.edge.request_id import current_request_id
 
 LOG_FORMATS = ("text", "json")
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s%(request_id_suffix)s: %(message)s"

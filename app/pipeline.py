@@ -1,18 +1,8 @@
-"""From a validated request to what the route renders, through the app-level traffic layers.
+"""From a validated request to what the route renders: the after-parse layers, then the engine.
 
-Order, and why:
-1. admission: queue bounds, shedding and the degradation level (503s, cheapest first);
-2. the tokens bucket: a 429 is charged against the request as degraded (clamped max_tokens);
-3. level 3 for the sheddable class: a cached reply, else the canned one, never the model;
-4. otherwise the dedup cache: identical deterministic requests share one generation;
-5. the result is metered so the unused part of the token reservation is refunded at the end.
-
-From admission until the request is submitted to the engine (or settled without it: a dedup
-hit, a canned reply, a refusal) it is *held* here, counted in `state.num_held`: metrics add
-it to the engine's queue, since it is load the engine has not seen yet (a Redis round trip
-for the tokens bucket or the dedup lock can take a while).
-NOTE: a dedup creator that waits for another replica's result stops counting once its stream
-opens, as a follower does: it will not add work to this engine unless that wait gives up.
+The layers and their order are middleware's (middleware/__init__.py, `AFTER_PARSE`); this module
+builds them once the engine is up, wires them to it (its queue and load figures, its tokenizer for
+the canned reply) and puts the submission to the engine innermost.
 """
 
 from __future__ import annotations
@@ -22,12 +12,18 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from app.canned import CannedReply
-from app.generation import admit, degraded_headers, submit
-from app.output_source import OutputSource
-from app.rate_limits import metered, reserve_tokens
-from app.state import ServerState
+from app.settings import Settings
+from app.state import RETRY_AFTER_SECONDS, ServerState
+from middleware import AFTER_PARSE
+from middleware.admission.admission import DEGRADED_HEADER, Admission, AdmissionLayer
+from middleware.admission.canned import DegradedReplyLayer
+from middleware.admission.degradation import Degrader, load_score
+from middleware.dedup.cache import DedupLayer
+from middleware.errors import service_unavailable
+from middleware.generation import Generation, GenerationLayer, Handler, chain
+from middleware.rate_limit.tokens import TokenLayer
 from models.async_engine import AsyncEngine
+from models.outputs import OutputSource
 from models.sampling_params import SamplingParams
 
 
@@ -41,63 +37,60 @@ class Started:
 async def start_generation(
     request: Request,
     state: ServerState,
-    engine: AsyncEngine,
     prompts: Sequence[list[int]],
     choices: Sequence[SamplingParams],
     priority: int,
     endpoint: str,
 ) -> Started:
+    """Run the after-parse layers on one request; the source to render, its choices as degraded and
+    the response headers (the degradation level, when one applied)."""
+    assert state.pipeline is not None  # built with the engine, and routes run only once it is ready
     # A keys-file tier is the base priority of everything the key sends.
     priority += int(request.scope.get("state", {}).get("priority_tier", 0))
-    level, degraded = admit(state, sum(len(prompt) for prompt in prompts), priority, choices)
-    held = _Held(state)
-    try:
-        reservation = await reserve_tokens(request, prompts, degraded)
-    except BaseException:
-        held.release()
-        raise
-
-    def start() -> OutputSource:
-        held.release()
-        return submit(engine, prompts, degraded, priority)
-
-    try:
-        key = state.dedup.fingerprint(
-            request.headers, model=state.settings.model_name, endpoint=endpoint, prompts=prompts, choices=degraded
-        )
-        settings = state.settings.admission
-        source: OutputSource
-        if level >= 3 and priority >= settings.shed_priority:
-            source = (state.dedup.lookup(key) if key else None) or _canned(
-                engine, settings.canned_reply, prompts, degraded
-            )
-        else:
-            source = await state.dedup.run(key, start)
-    except BaseException:
-        await reservation.settle(0)
-        raise
-    finally:
-        held.release()
-    return Started(metered(source, reservation, prompts), degraded, degraded_headers(level))
+    generation = Generation(request.scope, request.headers, endpoint, prompts, list(choices), priority)
+    source = await state.pipeline(generation)
+    return Started(source, generation.choices, degraded_headers(generation.level))
 
 
-class _Held:
-    """One request in `state.num_held` until `release()` (idempotent)."""
-
-    __slots__ = ("_state",)
-
-    def __init__(self, state: ServerState) -> None:
-        self._state: ServerState | None = state
-        state.num_held += 1
-
-    def release(self) -> None:
-        if self._state is not None:
-            self._state.num_held -= 1
-            self._state = None
+def degraded_headers(level: int) -> dict[str, str]:
+    """The level applied to a response, in a header: the OpenAI body shape never changes."""
+    return {DEGRADED_HEADER: str(level)} if level else {}
 
 
-def _canned(
-    engine: AsyncEngine, text: str, prompts: Sequence[list[int]], choices: Sequence[SamplingParams]
-) -> CannedReply:
-    token_ids = engine.tokenizer.hf.encode(text, add_special_tokens=False)
-    return CannedReply(text, token_ids, sum(len(p) for p in prompts), len(prompts) * len(choices))
+def build_pipeline(settings: Settings, state: ServerState, engine: AsyncEngine) -> Handler:
+    """The after-parse layers in `AFTER_PARSE` order around the submission to `engine`; sets
+    `state.admission` (the door's queue check and the metrics read it)."""
+    core = engine.core
+    degradation = settings.degradation
+    state.admission = admission = Admission(
+        settings.admission,
+        Degrader(degradation, lambda: load_score(engine.load_snapshot(), degradation)),
+        queue=lambda: (core.num_waiting, core.num_waiting_tokens),
+        retry_after=lambda: engine.load_snapshot().queue_time_p90,
+    )
+    canned = settings.admission.canned_reply
+    layers: dict[str, GenerationLayer] = {
+        "admission": AdmissionLayer(admission),
+        "rate_limit_tokens": TokenLayer(),
+        "degraded_reply": DegradedReplyLayer(
+            state.dedup,
+            model=settings.model_name,
+            shed_priority=settings.admission.shed_priority,
+            text=canned,
+            token_ids=engine.tokenizer.hf.encode(canned, add_special_tokens=False),
+        ),
+        "dedup": DedupLayer(state.dedup, model=settings.model_name),
+    }
+
+    async def submit(generation: Generation) -> OutputSource:
+        """len(prompts) x len(choices) sequences; choice index = prompt_index * n + choice."""
+        generation.release_hold()
+        sequences = [(prompt, params) for prompt in generation.prompts for params in generation.choices]
+        try:
+            return engine.submit(sequences, priority=generation.priority)
+        except RuntimeError as exc:
+            raise service_unavailable(f"The engine is not available: {exc}", RETRY_AFTER_SECONDS) from exc
+
+    if set(layers) != set(AFTER_PARSE):
+        raise RuntimeError(f"after-parse layers {sorted(layers)} do not match middleware.AFTER_PARSE {AFTER_PARSE}")
+    return chain([layers[name] for name in AFTER_PARSE], submit)

@@ -1,4 +1,4 @@
-"""The app factory and the process: lifespan, middleware order, uvicorn.
+"""The app factory and the process: lifespan, uvicorn.
 
 The lifespan owns every long-lived object. The model loads in the background so the port
 opens at once: `/health` answers while loading, `/ready` and the API answer 503 until the
@@ -15,25 +15,18 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI
-from starlette.middleware.cors import CORSMiddleware
 
-from app.admission import build_admission
-from app.dedup import DedupCache
 from app.diagnostics import engine_process_init, install_tracemalloc
+from app.door import install_door_layers
 from app.errors import install_error_handlers
 from app.metrics import install_metrics
+from app.pipeline import build_pipeline
 from app.routes import router
 from app.settings import Settings
 from app.shutdown import DrainingServer
-from app.state import RETRY_AFTER_SECONDS, ServerState
-from middleware.auth import ApiKeyMiddleware
-from middleware.body_limit import BodyLimitMiddleware
-from middleware.draining import DrainingMiddleware
-from middleware.idempotency import IdempotencyMiddleware, build_store
-from middleware.rate_limit import Limits, RateLimitMiddleware, per_key_limits
-from middleware.redis_backend import RedisBackend
-from middleware.request_id import RequestIdMiddleware
-from middleware.token_bucket import InProcessBuckets, RedisBuckets
+from app.state import ServerState
+from middleware.dedup.cache import DedupCache
+from middleware.redis import RedisBackend
 from models.async_engine import AsyncEngine
 from models.engine_spawn import SpawnedEngine
 
@@ -64,9 +57,7 @@ def create_app(
             state.engine = await AsyncEngine.start(
                 settings.engine, observer=engine_metrics, process_init=init, spawned=spawned
             )
-            state.admission = build_admission(
-                settings.degradation, settings.admission, state.engine, num_held=lambda: state.num_held
-            )
+            state.pipeline = build_pipeline(settings, state, state.engine)
             # The imports, the tokenizer and the app are here for good: keep them out of the
             # garbage collector's walks, which otherwise cost the event loop ~15% of its time
             # under load (full collections over torch's and transformers' objects).
@@ -101,79 +92,8 @@ def create_app(
     app.include_router(router)
     engine_metrics, http_metrics = install_metrics(app, state)  # GET /metrics
 
-    # The one declaration of middleware order, outermost first; cheapest rejection first.
-    # - Request id outermost, so every response (rejections included) echoes X-Request-Id and
-    #   every log line of the request, uvicorn's access line included, carries it.
-    # - CORS outside everything else, so preflights and every rejection carry CORS headers.
-    # - HTTP metrics (app/metrics.py) outside every rejection, so 401s, 429s and 503s count too.
-    # - Draining: after SIGTERM, 503 + Retry-After + Connection: close before any other work.
-    # - API keys: 401 from headers alone, before any body is read.
-    # - Body limit: 413 before anything buffers a body.
-    # - Rate limits (when a limit is set): 429 on the requests bucket, outside idempotency, so a
-    #   429 is never stored as an idempotent result and a retry runs again. The tokens bucket is
-    #   checked by the routes, where the cost is known; this layer adds the x-ratelimit headers.
-    # - Idempotency keys: replays and 409s never reach the model; only completed responses are
-    #   stored. Always on: without an Idempotency-Key header a request passes at no cost.
-    middleware: list[tuple[type, dict[str, object]]] = [
-        (RequestIdMiddleware, {}),
-        http_metrics,
-        (
-            DrainingMiddleware,
-            {"is_draining": lambda: state.is_shutting_down, "retry_after_seconds": RETRY_AFTER_SECONDS},
-        ),
-        (ApiKeyMiddleware, _auth_options(settings)),
-        (BodyLimitMiddleware, {"max_body_bytes": settings.max_body_bytes}),
-        *_rate_limit_middleware(settings, state),
-        (
-            IdempotencyMiddleware,
-            {
-                "store": build_store(
-                    state.redis,
-                    ttl_seconds=settings.idempotency_ttl_seconds,
-                    lease_seconds=settings.idempotency_lease_seconds,
-                ),
-                "counts": state.idempotency_counts,
-            },
-        ),
-    ]
-    if settings.cors_origin:
-        middleware.insert(
-            1,
-            (
-                CORSMiddleware,
-                {
-                    "allow_origins": list(settings.cors_origin),
-                    "allow_methods": ["*"],
-                    "allow_headers": ["*"],
-                    "expose_headers": ["*"],
-                },
-            ),
-        )
-    for cls, options in reversed(middleware):
-        app.add_middleware(cls, **options)  # type: ignore[arg-type]
+    install_door_layers(app, settings, state, http_metrics)
     return app
-
-
-def _auth_options(settings: Settings) -> dict[str, object]:
-    """--api-key values and the keys of --keys-file are all accepted keys."""
-    keys = settings.keys
-    if keys is None:
-        return {"api_keys": settings.api_key}
-    return {"api_keys": (*settings.api_key, *keys.keys), "priority_tiers": keys.priority_tiers()}
-
-
-def _rate_limit_middleware(settings: Settings, state: ServerState) -> list[tuple[type, dict[str, object]]]:
-    """The rate-limit layer, when --rate-limit-rpm / --rate-limit-tpm or the keys file set a limit."""
-    limits = Limits(settings.rate_limit_rpm, settings.rate_limit_tpm)
-    key_limits = per_key_limits(settings.keys, limits) if settings.keys is not None else {}
-    if not limits.is_limited and not any(key.is_limited for key in key_limits.values()):
-        return []
-    if state.redis is None:
-        state.rate_limits = InProcessBuckets()
-    else:
-        state.rate_limits = RedisBuckets(state.redis, fallback_share=settings.rate_limit_replicas)
-    options: dict[str, object] = {"buckets": state.rate_limits, "limits": limits, "key_limits": key_limits}
-    return [(RateLimitMiddleware, {**options, "counts": state.rate_limit_counts})]
 
 
 def serve(settings: Settings, spawned: SpawnedEngine | None = None) -> None:

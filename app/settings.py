@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.admission import DEFAULT_CANNED_REPLY, AdmissionConfig
-from app.degradation import DegradationConfig
+from middleware.admission.admission import DEFAULT_CANNED_REPLY, AdmissionConfig
+from middleware.admission.degradation import DegradationConfig
 from middleware.keys_file import KeysFile, load_keys_file
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
 

@@ -2,7 +2,7 @@
 
 Owns the signal handling of `surge serve`. The sequence on SIGTERM (or SIGINT):
 1. at once, `state.is_shutting_down = True`: `/ready` answers 503 and new requests get a 503
-   with `Retry-After` and `Connection: close` (middleware/draining.py), while the listener
+   with `Retry-After` and `Connection: close` (middleware/edge/draining.py), while the listener
    stays open, because Kubernetes keeps sending traffic until the endpoint is removed;
 2. after `--shutdown-delay-seconds`, uvicorn's own shutdown: the listener closes, idle
    connections close, and in-flight requests (streams included) run to the end, for at most

@@ -8,14 +8,15 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from app.admission import Admission
-from app.dedup import DedupCache
-from app.errors import OpenAIError, service_unavailable
 from app.settings import Settings
-from middleware.idempotency import IdempotencyCounts
-from middleware.rate_limit import RateLimitCounts
-from middleware.redis_backend import RedisBackend
-from middleware.token_bucket import TokenBuckets
+from middleware.admission.admission import Admission
+from middleware.dedup.cache import DedupCache
+from middleware.errors import OpenAIError, service_unavailable
+from middleware.generation import Handler
+from middleware.idempotency.asgi import IdempotencyCounts
+from middleware.rate_limit.buckets import TokenBuckets
+from middleware.rate_limit.limits import RateLimitCounts
+from middleware.redis import RedisBackend
 from models.async_engine import AsyncEngine
 
 B = TypeVar("B")
@@ -36,10 +37,15 @@ class ServerState:
     # Counted by the middleware, read by app/metrics.py.
     rate_limit_counts: RateLimitCounts = field(default_factory=RateLimitCounts)
     idempotency_counts: IdempotencyCounts = field(default_factory=IdempotencyCounts)
-    # Requests past admission that are not yet submitted to the engine (app/pipeline.py).
-    num_held: int = 0
+    # The after-parse layers around the engine (app/pipeline.py); set with the engine.
+    pipeline: Handler | None = None
     load_error: BaseException | None = None
     is_shutting_down: bool = False
+
+    @property
+    def num_held(self) -> int:
+        """Requests past admission that are not yet submitted to the engine."""
+        return self.admission.num_held if self.admission is not None else 0
 
     @property
     def is_ready(self) -> bool:

@@ -51,7 +51,7 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     # torch intra-op threads on CPU; 0 leaves torch's default. One thread avoids contention with
-    # the event loop on small machines (see FACTS.md).
+    # the event loop on small machines: a second one slows each step when anything else wants a core.
     num_threads: int = 1
     trust_remote_code: bool = False
     # torch threads for a step that prefills a burst of prompts (models/threads.py): the HTTP side

@@ -26,8 +26,8 @@ from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
 from models.model_runner import ModelRunner, Runner
 from models.observer import EngineObserver
-from models.outputs import EngineDeadError, RequestOutput
-from models.sampler import Sampler, SamplingRow, TokenLogprob, make_generator
+from models.outputs import EngineDeadError, RequestOutput, TokenLogprob
+from models.sampler import Sampler, SamplingRow, make_generator
 from models.sampling_params import SamplingParams
 from models.scheduler import Scheduler, SchedulerOutput
 from models.sequence import FinishReason, Sequence, SequenceStatus

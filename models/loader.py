@@ -52,7 +52,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         return _DTYPES[dtype]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    # bf16 on CPUs without native support is 3-6x slower than fp32 (FACTS.md).
+    # bf16 on CPUs without native bf16 units (AVX2 only) is several times slower than fp32.
     return torch.float32
 
 

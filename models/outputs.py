@@ -1,11 +1,24 @@
-"""What the engine sends back to a request: typed deltas, one message per step at most."""
+"""What the engine sends back to a request: typed deltas, one message per step at most, and the
+protocol of anything that yields them.
+
+Value types only, no torch: the traffic layers (middleware/) store, replay and stand in for
+outputs without importing the engine.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol
 
-from models.sampler import TokenLogprob
 from models.sequence import FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token_id, logprob) of the top alternatives, best first
 
 
 @dataclass(slots=True)
@@ -24,9 +37,27 @@ class RequestOutput:
         return self.finish_reason is not None
 
 
+class OutputSource(Protocol):
+    """What the routes render: the engine's `RequestGroup`, a shared (dedup) generation, a canned
+    reply, or a metered wrapper of any of them. One protocol, so each layer can wrap another.
+
+    Iterate with `next_outputs` until `finished`; leaving `async with` ends it (for an engine
+    request, that aborts what has not finished)."""
+
+    request_ids: list[str]
+    index: dict[str, int]
+
+    @property
+    def finished(self) -> bool: ...
+
+    async def next_outputs(self, timeout: float | None = None) -> list[RequestOutput]: ...
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped; no request can be served until the process restarts."""
-
-
-class EngineOverloadedError(RuntimeError):
-    """The engine's waiting queue is full."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from models.outputs import TokenLogprob
 from models.sampling_params import SamplingParams
 
 # A nucleus rejection redraws from a set at least one token smaller, and in practice about half
@@ -46,13 +47,6 @@ class SamplingRow:
     generator: torch.Generator | None = None
     # Tokens generated so far: presence/frequency penalties count over these (not the prompt).
     output_token_ids: list[int] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]  # (token_id, logprob) of the top alternatives, best first
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ CORPUS_SEED = 1234
 CORPUS_LINES = 16_000
 
 ARCHS = ("llama", "qwen2", "mistral", "gpt2")
-# m builds in about 3 s on a 2-core machine and is the size FACTS.md's serving numbers use.
+# m builds in a few seconds and is the size the serving benchmarks use (docs/performance.md).
 DEFAULT_SIZE = "m"
 
 # ChatML. Content may be a string, None (an assistant turn that only called tools) or a list of
@@ -85,8 +85,8 @@ class TinyDims:
 
 
 # head_dim 32 on s/m and 64 on l; s keeps plain multi-head attention and m/l use GQA (kv = heads/2),
-# so the two attention layouts are both exercised. Intermediate sizes keep the totals near the
-# measured 2.6M / 8.4M / 97.5M models in FACTS.md.
+# so the two attention layouts are both exercised. Intermediate sizes keep the totals near 2.6M,
+# 8.4M and 97.5M parameters.
 SIZES: dict[str, TinyDims] = {
     "s": TinyDims(128, 2, 4, 4, 512),
     "m": TinyDims(256, 4, 8, 4, 1024),

@@ -30,7 +30,7 @@ A system under test is anything with `name`, `base_url`, `model_name`, `request_
 nothing else about it.
 
 NOTE: load is driven by a minimal HTTP/1.1 client (scripts/benchkit/rawhttp.py), not the openai
-SDK, which costs about a core by itself (FACTS.md, "Load clients"), nor httpx, which took ~17 ms
+SDK, which costs about a core by itself at 2-4k chunks/s, nor httpx, which took ~17 ms
 of CPU per 64-token stream (this client ~6 ms). The client still shares the machine's cores with
 the server; the report records nproc, the load average and the client's own CPU seconds so that
 can be judged.
@@ -342,7 +342,7 @@ def transformers_serve_installed() -> bool:
 
 
 def transformers_server(model_dir: Path, concurrency: int, args: argparse.Namespace) -> ServerProcess:
-    """`transformers serve --continuous-batching`, with the CPU settings FACTS.md found best.
+    """`transformers serve --continuous-batching`, with its best CPU settings.
 
     Its defaults cost about 14 s on the first request and 6-9 GB; a 1024-token batch and a small KV
     pool bring that to 0.1 s and about 0.5 GB. The pool (pages of 256 tokens) grows with the

@@ -13,7 +13,7 @@ Two servers, one after the other, each in its own process under the same load:
   the finish chunk, `data: [DONE]`), pre-built, from an async generator: the most a Starlette
   SSE endpoint can do on this machine.
 The load is C concurrent workers, each streaming `--rounds` chat completions back to back over
-one raw `httpx.AsyncClient` (the openai SDK would be the bottleneck: FACTS.md, "Load clients"),
+one raw `httpx.AsyncClient` (the openai SDK, at about a core of its own, would be the bottleneck),
 counting `data:` events. Every request has its own prompt, so surge's dedup never merges them.
 
 NOTE: the load client shares the machine's cores with the server; the table records the client's

@@ -9,7 +9,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from app.body import documented_body, json_body
-from app.errors import invalid_request
 from app.generation import (
     ChoiceResult,
     ClientDisconnected,
@@ -21,12 +20,13 @@ from app.generation import (
     sampling_params,
     unless_disconnected,
 )
-from app.output_source import OutputSource
 from app.pipeline import start_generation
 from app.schemas import ChatChunkEncoder, ChatCompletionRequest, Usage, new_chat_completion_id
 from app.sse import DONE, KEEPALIVE, LastEvents, error_event, event, sse_response
 from app.state import generation_inputs
+from middleware.errors import invalid_request
 from models.async_engine import AsyncEngine
+from models.outputs import OutputSource
 
 router = APIRouter()
 _parse_body = json_body(ChatCompletionRequest)
@@ -46,7 +46,7 @@ async def create_chat_completion(request: Request) -> Response:
     except Exception as exc:  # a template that rejects the conversation (e.g. role order)
         raise invalid_request(f"The chat template could not render these messages: {exc}", param="messages") from exc
     choices = sampling_params(engine, body, len(prompt), body.requested_max_tokens, "messages")
-    started = await start_generation(request, state, engine, [prompt], choices, body.priority, "chat")
+    started = await start_generation(request, state, [prompt], choices, body.priority, "chat")
     group, choices, headers = started.source, started.choices, started.headers
     completion_id = new_chat_completion_id()
     created = int(time.time())

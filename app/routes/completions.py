@@ -9,7 +9,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from app.body import documented_body, json_body
-from app.errors import invalid_request
 from app.generation import (
     ChoiceResult,
     ClientDisconnected,
@@ -20,12 +19,12 @@ from app.generation import (
     sampling_params,
     unless_disconnected,
 )
-from app.output_source import OutputSource
 from app.pipeline import start_generation
 from app.schemas import CompletionChunkEncoder, CompletionRequest, Usage, completion_logprobs, new_completion_id
 from app.sse import DONE, KEEPALIVE, LastEvents, error_event, event, sse_response
 from app.state import generation_inputs
-from models.sampler import TokenLogprob
+from middleware.errors import invalid_request
+from models.outputs import OutputSource, TokenLogprob
 from models.tokenizer import Tokenizer
 
 router = APIRouter()
@@ -55,7 +54,7 @@ async def create_completion(request: Request) -> Response:
     # The longest prompt decides whether max_tokens fits (and its default, when left out).
     longest = max(len(ids) for ids in prompts)
     choices = sampling_params(engine, body, longest, body.requested_max_tokens, "prompt")
-    started = await start_generation(request, state, engine, prompts, choices, body.priority, "completions")
+    started = await start_generation(request, state, prompts, choices, body.priority, "completions")
     group, choices, headers = started.source, started.choices, started.headers
     completion_id = new_completion_id()
     created = int(time.time())

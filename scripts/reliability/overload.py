@@ -390,7 +390,7 @@ def server_tokens_rate(samples: list[Sample], t_start: float, t_end: float) -> f
 
 def check_hysteresis(steps: list[tuple[float, int]], cooldown_s: float, tolerance_s: float) -> tuple[bool, str | None]:
     """Every step down is by one level and comes at least a cooldown after the previous change
-    (up or down), as app/degradation.py promises; (ok, the first violation)."""
+    (up or down), as middleware/admission/degradation.py promises; (ok, the first violation)."""
     for (t_prev, level_prev), (t, level) in itertools.pairwise(steps):
         if level < level_prev:
             if level_prev - level != 1:

@@ -11,19 +11,17 @@ import pytest
 from fastapi import FastAPI
 from starlette.types import Message
 
-from app.errors import (
+from app.errors import install_error_handlers
+from app.schemas import ChatCompletionRequest
+from middleware.errors import (
     OpenAIError,
-    authentication_error,
     error_json,
-    install_error_handlers,
     invalid_request,
     not_found_model,
-    payload_too_large,
     send_error,
     server_error,
     service_unavailable,
 )
-from app.schemas import ChatCompletionRequest
 from tests.live_server import serve_app
 
 
@@ -93,8 +91,6 @@ def test_error_json_shape() -> None:
     [
         (invalid_request("x"), 400, "invalid_request_error", None),
         (not_found_model("m"), 404, "invalid_request_error", "model_not_found"),
-        (authentication_error(), 401, "invalid_request_error", "invalid_api_key"),
-        (payload_too_large(10), 413, "invalid_request_error", "payload_too_large"),
         (service_unavailable("busy", 2), 503, "server_error", "service_unavailable"),
         (server_error(), 500, "server_error", None),
     ],

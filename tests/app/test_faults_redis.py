@@ -53,7 +53,7 @@ ARGS = (
     "--redis-timeout-ms", str(TIMEOUT_MS),
     "--rate-limit-rpm", str(RPM), "--rate-limit-tpm", str(TPM), "--rate-limit-replicas", "2",
     # Short, so a claim whose reply a frozen Redis swallowed frees its key soon (see the NOTE in
-    # middleware/idempotency_redis.py); retries meanwhile get 409.
+    # middleware/idempotency/redis_store.py); retries meanwhile get 409.
     "--idempotency-lease-seconds", "2",
     # Every 200 must come from the engine for the run accounting: no level-3 canned replies.
     "--degrade-thresholds", "off",

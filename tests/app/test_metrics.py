@@ -14,10 +14,10 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.degradation import DegradationConfig, Degrader
 from app.metrics import ServerCollector
 from app.settings import Settings
 from app.state import ServerState
+from middleware.admission.degradation import DegradationConfig, Degrader
 from models import gpu
 from tests.app.conftest import MODEL_NAME, LiveServer, running_server
 

@@ -1,0 +1,92 @@
+"""The door's ASGI stack, built from `middleware.DOOR`: each name's middleware, configured from the
+settings, in that order (the order and its reasons are middleware/__init__.py's). A layer that is off
+(no CORS origins, no rate limit) is left out of the stack rather than passed through."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from app.settings import Settings
+from app.state import RETRY_AFTER_SECONDS, ServerState
+from middleware import DOOR
+from middleware.edge.auth import ApiKeyMiddleware
+from middleware.edge.body_limit import BodyLimitMiddleware
+from middleware.edge.draining import DrainingMiddleware
+from middleware.edge.request_id import RequestIdMiddleware
+from middleware.idempotency.asgi import IdempotencyMiddleware, build_store
+from middleware.rate_limit.asgi import RateLimitMiddleware
+from middleware.rate_limit.buckets import InProcessBuckets, RedisBuckets
+from middleware.rate_limit.limits import Limits, per_key_limits
+
+Entry = tuple[type, dict[str, object]]
+
+
+def install_door_layers(app: FastAPI, settings: Settings, state: ServerState, http_metrics: Entry) -> list[type]:
+    """Add the door's middleware to `app`, outermost first as `DOOR` lists them; return their classes
+    in that order (what is on)."""
+    factories: dict[str, Callable[[], Entry | None]] = {
+        "request_id": lambda: (RequestIdMiddleware, {}),
+        "cors": lambda: _cors(settings),
+        "http_metrics": lambda: http_metrics,
+        "draining": lambda: (
+            DrainingMiddleware,
+            {"is_draining": lambda: state.is_shutting_down, "retry_after_seconds": RETRY_AFTER_SECONDS},
+        ),
+        "auth": lambda: (ApiKeyMiddleware, _auth_options(settings)),
+        "body_limit": lambda: (BodyLimitMiddleware, {"max_body_bytes": settings.max_body_bytes}),
+        "rate_limit": lambda: _rate_limit(settings, state),
+        "idempotency": lambda: (
+            IdempotencyMiddleware,
+            {
+                "store": build_store(
+                    state.redis,
+                    ttl_seconds=settings.idempotency_ttl_seconds,
+                    lease_seconds=settings.idempotency_lease_seconds,
+                ),
+                "counts": state.idempotency_counts,
+            },
+        ),
+    }
+    if set(factories) != set(DOOR):
+        raise RuntimeError(f"door layers {sorted(factories)} do not match middleware.DOOR {DOOR}")
+    stack = [entry for entry in (factories[name]() for name in DOOR) if entry is not None]
+    for cls, options in reversed(stack):
+        app.add_middleware(cls, **options)  # type: ignore[arg-type]
+    return [cls for cls, _ in stack]
+
+
+def _cors(settings: Settings) -> Entry | None:
+    if not settings.cors_origin:
+        return None
+    options: dict[str, object] = {
+        "allow_origins": list(settings.cors_origin),
+        "allow_methods": ["*"],
+        "allow_headers": ["*"],
+        "expose_headers": ["*"],
+    }
+    return CORSMiddleware, options
+
+
+def _auth_options(settings: Settings) -> dict[str, object]:
+    """--api-key values and the keys of --keys-file are all accepted keys."""
+    keys = settings.keys
+    if keys is None:
+        return {"api_keys": settings.api_key}
+    return {"api_keys": (*settings.api_key, *keys.keys), "priority_tiers": keys.priority_tiers()}
+
+
+def _rate_limit(settings: Settings, state: ServerState) -> Entry | None:
+    """The requests-bucket layer, when --rate-limit-rpm / --rate-limit-tpm or the keys file set a limit."""
+    limits = Limits(settings.rate_limit_rpm, settings.rate_limit_tpm)
+    key_limits = per_key_limits(settings.keys, limits) if settings.keys is not None else {}
+    if not limits.is_limited and not any(key.is_limited for key in key_limits.values()):
+        return None
+    if state.redis is None:
+        state.rate_limits = InProcessBuckets()
+    else:
+        state.rate_limits = RedisBuckets(state.redis, fallback_share=settings.rate_limit_replicas)
+    options: dict[str, object] = {"buckets": state.rate_limits, "limits": limits, "key_limits": key_limits}
+    return RateLimitMiddleware, {**options, "counts": state.rate_limit_counts}

@@ -1,0 +1,143 @@
+"""Admission control and the per-request effect of the degradation level.
+
+Runs after a request is parsed and tokenized, before it reaches the engine, so every refusal
+is a fast 503 with Retry-After before any stream opens:
+- the waiting queue is bounded in requests and in prompt tokens;
+- level 4 sheds requests whose priority is at or below the shedding cut (lowest first);
+- level 2 and up rejects prompts over a limit and clamps max_tokens; level 1 and up drops
+  logprobs. Level 3 (cached or canned replies) is its own layer (middleware/admission/canned.py):
+  it needs the dedup cache.
+
+From admission until the request is submitted to the engine (or settled without it: a dedup hit, a
+canned reply, a refusal) it is *held*, counted in `num_held`: the queue bound counts it, and
+metrics add it to the engine's queue, since it is load the engine has not seen yet (a Redis round
+trip for the tokens bucket or the dedup lock can take a while). A greedy request waits a loop turn
+for its dedup flight to submit it, and a burst admitted in that turn used to overshoot
+--max-queued-requests.
+NOTE: a dedup creator that waits for another replica's result stops counting once its stream
+opens, as a follower does: it will not add work to this engine unless that wait gives up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from middleware.admission.degradation import Degrader
+from middleware.errors import OpenAIError, service_unavailable
+from middleware.generation import Generation, Handler
+from models.outputs import OutputSource
+from models.sampling_params import SamplingParams
+
+DEGRADED_HEADER = "x-surge-degraded"
+DEFAULT_CANNED_REPLY = "The service is very busy right now. Please try again in a little while."
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    max_queued_requests: int = 256  # 0 = no bound
+    max_queued_tokens: int = 0  # prompt tokens waiting; 0 = no bound
+    degraded_max_tokens: int = 256  # level >= 2
+    degraded_max_prompt_tokens: int = 2048  # level >= 2
+    canned_reply: str = DEFAULT_CANNED_REPLY
+    # Level 4 sheds requests whose priority is >= this (priority: lower runs first).
+    shed_priority: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_queued_requests < 0 or self.max_queued_tokens < 0:
+            raise ValueError("queue bounds must be 0 (no bound) or positive")
+        if self.degraded_max_tokens < 1 or self.degraded_max_prompt_tokens < 1:
+            raise ValueError("degraded limits must be positive")
+
+
+class Admission:
+    def __init__(
+        self,
+        config: AdmissionConfig,
+        degrader: Degrader,
+        queue: Callable[[], tuple[int, int]],
+        retry_after: Callable[[], float],
+    ) -> None:
+        """`queue()` gives the engine's (waiting requests, waiting prompt tokens); `retry_after()` a
+        hint in seconds."""
+        self.config = config
+        self.degrader = degrader
+        self._queue = queue
+        self._retry_after = retry_after
+        self.num_shed = 0
+        self.num_queue_full = 0
+        self.num_held = 0  # past admission, not yet submitted to the engine
+
+    def hold(self) -> Callable[[], None]:
+        """Count one request as held until the returned function is called (once or more)."""
+        self.num_held += 1
+        is_held = True
+
+        def release() -> None:
+            nonlocal is_held
+            if is_held:
+                is_held = False
+                self.num_held -= 1
+
+        return release
+
+    def admit(self, num_prompt_tokens: int, priority: int) -> int:
+        """The degradation level for this request, or a 503 raised before anything runs."""
+        config = self.config
+        self.check_queue()
+        _, num_waiting_tokens = self._queue()
+        if config.max_queued_tokens and num_waiting_tokens + num_prompt_tokens > config.max_queued_tokens:
+            self.num_queue_full += 1
+            raise self._busy("The server is at capacity: too many prompt tokens are already waiting.")
+        level = self.degrader.level()
+        if level >= 4 and priority >= config.shed_priority:
+            self.num_shed += 1
+            raise self._busy("The server is overloaded and is shedding low-priority requests.")
+        if level >= 2 and num_prompt_tokens > config.degraded_max_prompt_tokens:
+            self.num_shed += 1
+            raise self._busy(
+                f"The server is overloaded: prompts over {config.degraded_max_prompt_tokens} tokens "
+                "are not accepted until load falls."
+            )
+        return level
+
+    def degrade(self, choices: Sequence[SamplingParams], level: int) -> list[SamplingParams]:
+        if level < 1:
+            return list(choices)
+        out = []
+        for params in choices:
+            if params.logprobs is not None:
+                params = replace(params, logprobs=None)
+            if level >= 2 and params.max_tokens > self.config.degraded_max_tokens:
+                params = replace(params, max_tokens=self.config.degraded_max_tokens)
+            out.append(params)
+        return out
+
+    def check_queue(self) -> None:
+        """The bound on waiting requests alone: cheap enough to check before a body is read."""
+        num_waiting = self._queue()[0] + self.num_held
+        if self.config.max_queued_requests and num_waiting >= self.config.max_queued_requests:
+            self.num_queue_full += 1
+            raise self._busy(f"The server is at capacity: {num_waiting} requests are already waiting.")
+
+    def _busy(self, message: str) -> OpenAIError:
+        return service_unavailable(message, max(1.0, math.ceil(self._retry_after())))
+
+
+class AdmissionLayer:
+    """Admit (or refuse) the request, degrade its choices to the level, and hold it until it is
+    submitted or settled."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+
+    async def __call__(self, generation: Generation, call_next: Handler) -> OutputSource:
+        admission = self.admission
+        generation.level = admission.admit(generation.num_prompt_tokens, generation.priority)
+        generation.choices = admission.degrade(generation.choices, generation.level)
+        generation.release_hold = release = admission.hold()
+        try:
+            return await call_next(generation)
+        finally:
+            release()

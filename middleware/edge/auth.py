@@ -1,0 +1,106 @@
+"""API-key authentication as a pure ASGI middleware.
+
+Owns the check of `Authorization: Bearer <key>` against the configured keys. Knows nothing of
+routes or the engine; it hands the authenticated key to later layers in `scope["state"]`.
+
+Rules, in order:
+- non-HTTP scopes (lifespan, websocket) pass straight through;
+- with no keys configured, every request passes (auth is off);
+- open paths (health, readiness, metrics) and CORS preflights pass unauthenticated;
+- anything else needs a configured key, else 401 with OpenAI's error body.
+
+An authenticated request carries its key in `scope["state"]["api_key"]`, and its priority tier
+(from `--keys-file`, lower = more important) in `scope["state"]["priority_tier"]` when it has one.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Collection, Mapping, Sequence
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from middleware.errors import error_json, send_error
+
+DEFAULT_OPEN_PATHS = ("/health", "/ready", "/metrics")
+
+_MISSING_KEY_MESSAGE = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization header "
+    "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+)
+# NOTE: unlike OpenAI we do not echo a masked key back; a wrong key is still a secret.
+_WRONG_KEY_MESSAGE = "Incorrect API key provided."
+
+
+class ApiKeyMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_keys: Sequence[str],
+        open_paths: Collection[str] = DEFAULT_OPEN_PATHS,
+        priority_tiers: Mapping[str, int] | None = None,
+    ) -> None:
+        for key in api_keys:
+            if not isinstance(key, str) or not key.strip():
+                raise ValueError("API keys must be non-empty strings")
+        self.app = app
+        # Kept as bytes: the header arrives as bytes, and compare_digest needs equal types.
+        self._keys = tuple(dict.fromkeys(key.encode() for key in api_keys))
+        self._open_paths = frozenset(open_paths)
+        self._tiers = {key.encode(): tier for key, tier in (priority_tiers or {}).items()}
+        if not set(self._tiers) <= set(self._keys):
+            raise ValueError("every key with a priority tier must be an accepted API key")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self._keys or self._is_exempt(scope):
+            await self.app(scope, receive, send)
+            return
+
+        presented = _bearer_token(scope)
+        if presented is None:
+            await _reject(send, _MISSING_KEY_MESSAGE)
+            return
+        matched = self._match(presented)
+        if matched is None:
+            await _reject(send, _WRONG_KEY_MESSAGE)
+            return
+        state = scope.setdefault("state", {})
+        state["api_key"] = matched.decode()
+        if (tier := self._tiers.get(matched)) is not None:
+            state["priority_tier"] = tier
+        await self.app(scope, receive, send)
+
+    def _is_exempt(self, scope: Scope) -> bool:
+        if scope["path"] in self._open_paths:
+            return True
+        # A CORS preflight never carries credentials (browsers strip them), so requiring a key
+        # would break every browser client; a plain OPTIONS without the CORS header is not exempt.
+        return scope["method"] == "OPTIONS" and any(
+            name == b"access-control-request-method" for name, _ in scope["headers"]
+        )
+
+    def _match(self, presented: bytes) -> bytes | None:
+        # Compare against every key without stopping early, so timing reveals neither
+        # whether nor which key matched.
+        matched: bytes | None = None
+        for key in self._keys:
+            if hmac.compare_digest(presented, key):
+                matched = key
+        return matched
+
+
+def _bearer_token(scope: Scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            token = token.strip()
+            if scheme.lower() != b"bearer" or not token:
+                return None
+            return bytes(token)
+    return None
+
+
+async def _reject(send: Send, message: str) -> None:
+    body = error_json(message, type="invalid_request_error", code="invalid_api_key")
+    await send_error(send, 401, body, headers=[("www-authenticate", "Bearer")])

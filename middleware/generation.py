@@ -1,0 +1,67 @@
+"""One generation request on its way through the after-parse layers, and the shape of a layer.
+
+Once a route has parsed, validated and tokenized a request, its cost is known, and the after-parse
+layers run (middleware/__init__.py gives their order and why). Each is called with the request and
+the next handler and gives back the `OutputSource` the route renders: it may refuse (raise an
+`OpenAIError`), change the request (degraded sampling parameters), answer without the engine (a
+cached or canned reply), or wrap what the handlers inside it return (metering). The innermost
+handler is the app's: it submits to the engine.
+
+Knows Starlette's scope and headers and the engine's value types, never the engine.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from starlette.datastructures import Headers
+from starlette.types import Scope
+
+from models.outputs import OutputSource
+from models.sampling_params import SamplingParams
+
+
+def _nothing_held() -> None:
+    return None
+
+
+@dataclass(slots=True)
+class Generation:
+    scope: Scope
+    headers: Headers
+    endpoint: str  # "chat" or "completions": part of what makes two requests the same
+    prompts: Sequence[list[int]]
+    # One SamplingParams per choice of each prompt: sequence i * len(choices) + j is prompt i's
+    # j-th choice. As degraded, once admission has run.
+    choices: list[SamplingParams]
+    priority: int  # lower runs first; the API key's tier included
+    level: int = 0  # the degradation level admission applied (0 normal, 4 shedding)
+    # Called when the request reaches the engine: it is no longer held between the layers (admission
+    # counts held requests as queued). Idempotent; admission sets it.
+    release_hold: Callable[[], None] = _nothing_held
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(prompt) for prompt in self.prompts)
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.prompts) * len(self.choices)
+
+
+Handler = Callable[[Generation], Awaitable[OutputSource]]
+
+
+class GenerationLayer(Protocol):
+    async def __call__(self, generation: Generation, call_next: Handler) -> OutputSource: ...
+
+
+def chain(layers: Sequence[GenerationLayer], innermost: Handler) -> Handler:
+    """One handler that runs `layers` outermost first, then `innermost`."""
+    handler = innermost
+    for layer in reversed(layers):
+        handler = functools.partial(layer, call_next=handler)
+    return handler

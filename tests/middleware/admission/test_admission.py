@@ -1,0 +1,151 @@
+"""Admission control and degradation through the real HTTP server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from middleware.admission.degradation import DegradationConfig, Degrader
+from tests.app.conftest import MODEL_NAME, LiveServer, running_server
+
+USER = [{"role": "user", "content": "Tell me about the sea."}]
+LONG = {"model": MODEL_NAME, "messages": USER, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+
+
+def chat(live: LiveServer, **body: object) -> httpx.Response:
+    return httpx.post(f"{live.url}/v1/chat/completions", json={"model": MODEL_NAME, "messages": USER, **body})
+
+
+def test_full_queue_gets_a_fast_503_before_any_stream(tiny_model_dir: Path) -> None:
+    with running_server(tiny_model_dir, max_model_len=2048, max_num_seqs=1, max_queued_requests=2) as live:
+        url = f"{live.url}/v1/chat/completions"
+        with httpx.stream("POST", url, json=LONG) as running:
+            lines = running.iter_lines()  # keep it: a dropped iterator closes the response
+            next(lines)
+            with httpx.stream("POST", url, json=LONG) as queued_1, httpx.stream("POST", url, json=LONG) as queued_2:
+                assert queued_1.status_code == queued_2.status_code == 200
+                live_core = live.engine.core
+                assert live_core.num_waiting == 2
+                refused = httpx.post(url, json=LONG)
+                assert refused.status_code == 503
+                assert refused.headers["content-type"].startswith("application/json")
+                assert int(refused.headers["retry-after"]) >= 1
+                assert refused.json()["error"]["type"] == "server_error"
+                client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
+                with pytest.raises(openai.InternalServerError) as info:
+                    client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=2)
+                assert info.value.status_code == 503
+        live.wait_idle()
+
+
+def test_request_past_its_queue_deadline_gets_503_unrun(tiny_model_dir: Path) -> None:
+    with running_server(tiny_model_dir, max_model_len=2048, max_num_seqs=1, max_queue_seconds=0.3) as live:
+        with httpx.stream("POST", f"{live.url}/v1/chat/completions", json=LONG) as running:
+            lines = running.iter_lines()  # keep it: a dropped iterator closes the response
+            next(lines)
+            steps = live.engine.core.num_steps
+            late = chat(live, max_tokens=3)
+            assert late.status_code == 503
+            assert "queue" in late.json()["error"]["message"]
+            assert late.headers["retry-after"]
+            # Streamed: the stream was already open, so the refusal arrives as an error event.
+            with httpx.stream("POST", f"{live.url}/v1/chat/completions", json={**LONG, "max_tokens": 3}) as s:
+                events = [line for line in s.iter_lines() if line.startswith("data: ")]
+            assert any('"error"' in e for e in events) and events[-1] == "data: [DONE]"
+            assert live.engine.core.num_steps > steps
+        live.wait_idle()
+
+
+@pytest.fixture(scope="module")
+def degradable(tiny_model_dir: Path) -> Iterator[tuple[LiveServer, list[float]]]:
+    settings = {"max_model_len": 512, "max_num_seqs": 4, "degrade_max_tokens": 5, "degrade_max_prompt_tokens": 40}
+    with running_server(tiny_model_dir, **settings) as live:  # type: ignore[arg-type]
+        # The load signal is synthetic; everything downstream of it is the real server.
+        score = [0.0]
+        assert live.state.admission is not None
+        live.state.admission.degrader = Degrader(DegradationConfig(refresh_seconds=0.0), lambda: score[0])
+        yield live, score
+
+
+def test_level_0_has_no_header(degradable: tuple[LiveServer, list[float]]) -> None:
+    live, score = degradable
+    score[0] = 0.0
+    response = chat(live, max_tokens=3, logprobs=True)
+    assert response.status_code == 200
+    assert "x-surge-degraded" not in response.headers
+    assert response.json()["choices"][0]["logprobs"] is not None
+
+
+def test_level_1_drops_logprobs(degradable: tuple[LiveServer, list[float]]) -> None:
+    live, score = degradable
+    score[0] = 1.0
+    response = chat(live, max_tokens=3, logprobs=True, top_logprobs=2)
+    assert response.status_code == 200
+    assert response.headers["x-surge-degraded"] == "1"
+    assert response.json()["choices"][0]["logprobs"] is None
+    assert response.json()["usage"]["completion_tokens"] <= 3
+
+
+def test_level_2_clamps_max_tokens_and_rejects_long_prompts(degradable: tuple[LiveServer, list[float]]) -> None:
+    live, score = degradable
+    score[0] = 2.0
+    response = chat(live, max_tokens=50, ignore_eos=True)
+    assert response.headers["x-surge-degraded"] == "2"
+    assert response.json()["usage"]["completion_tokens"] == 5
+    long_prompt = [{"role": "user", "content": "word " * 60}]
+    refused = chat(live, messages=long_prompt, max_tokens=3)
+    assert refused.status_code == 503 and refused.headers["retry-after"]
+
+
+def test_level_3_serves_the_canned_reply_in_openai_shape(degradable: tuple[LiveServer, list[float]]) -> None:
+    live, score = degradable
+    score[0] = 4.0
+    canned = live.state.settings.canned_reply
+    steps = live.engine.core.num_steps
+    response = chat(live, max_tokens=20)
+    assert response.headers["x-surge-degraded"] == "3"
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["content"] == canned
+    assert body["choices"][0]["finish_reason"] == "stop"
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=20, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == canned
+    assert live.engine.core.num_steps == steps  # the model was not used
+    # A request above the shedding class still gets a real generation.
+    vip = chat(live, max_tokens=3, priority=-1)
+    assert vip.json()["choices"][0]["message"]["content"] != canned
+
+
+def test_level_4_sheds_low_priority_first(degradable: tuple[LiveServer, list[float]]) -> None:
+    live, score = degradable
+    score[0] = 8.0
+    shed = chat(live, max_tokens=3)
+    assert shed.status_code == 503 and int(shed.headers["retry-after"]) >= 1
+    assert json.loads(shed.content)["error"]["message"]
+    vip = chat(live, max_tokens=3, priority=-1)
+    assert vip.status_code == 200
+    assert vip.headers["x-surge-degraded"] == "4"
+    score[0] = 0.0
+
+
+def test_canned_replies_are_not_stored_for_an_idempotency_key(degradable: tuple[LiveServer, list[float]]) -> None:
+    live, score = degradable
+    headers = {"Idempotency-Key": "canned-then-real"}
+    body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 3}
+    score[0] = 4.0
+    assert live.state.admission is not None  # a fresh degrader: no hysteresis from earlier tests
+    live.state.admission.degrader = Degrader(DegradationConfig(refresh_seconds=0.0), lambda: score[0])
+    canned = httpx.post(f"{live.url}/v1/chat/completions", json=body, headers=headers)
+    assert canned.headers["x-surge-degraded"] == "3"
+    score[0] = 0.0
+    assert live.state.admission is not None  # a fresh degrader: no hysteresis from level 3
+    live.state.admission.degrader = Degrader(DegradationConfig(refresh_seconds=0.0), lambda: score[0])
+    retry = httpx.post(f"{live.url}/v1/chat/completions", json=body, headers=headers)
+    assert "idempotent-replayed" not in retry.headers
+    assert retry.json()["choices"][0]["message"]["content"] != live.state.settings.canned_reply

@@ -1,0 +1,75 @@
+"""middleware/__init__.py: the one order of the traffic layers, and what the package may import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from app.server import create_app
+from app.settings import Settings
+from middleware import AFTER_PARSE, DOOR
+from middleware.edge.auth import ApiKeyMiddleware
+from middleware.edge.request_id import RequestIdMiddleware
+from middleware.generation import Generation, Handler, chain
+from middleware.idempotency.asgi import IdempotencyMiddleware
+from middleware.rate_limit.asgi import RateLimitMiddleware
+from models.outputs import OutputSource
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_no_layer_imports_the_engine_torch_or_fastapi() -> None:
+    code = (
+        "import importlib, pkgutil, sys, middleware\n"
+        "for info in pkgutil.walk_packages(middleware.__path__, 'middleware.'):\n"
+        "    importlib.import_module(info.name)\n"
+        "allowed = {'models', 'models.outputs', 'models.sampling_params', 'models.load_stats', 'models.sequence'}\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'fastapi')\n"
+        "             or (m.split('.')[0] == 'models' and m not in allowed))\n"
+        "print(bad)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_the_app_stacks_the_door_layers_in_the_declared_order(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("sk-a: {rpm: 10}\n")
+    settings = Settings(model="echo", cors_origin=("*",), keys_file=str(keys))
+    app = create_app(settings)
+    # Starlette keeps user middleware outermost first.
+    stacked = [entry.cls for entry in app.user_middleware]
+    assert stacked[0] is RequestIdMiddleware and stacked[-1] is IdempotencyMiddleware
+    assert stacked.index(ApiKeyMiddleware) < stacked.index(RateLimitMiddleware) < stacked.index(IdempotencyMiddleware)
+    assert len(stacked) == len(DOOR)  # every layer on: CORS, rate limits
+
+
+def test_a_layer_that_is_off_is_left_out() -> None:
+    app = create_app(Settings(model="echo"))
+    stacked = [entry.cls for entry in app.user_middleware]
+    assert RateLimitMiddleware not in stacked and len(stacked) == len(DOOR) - 2  # no CORS, no rate limit
+
+
+async def test_chain_runs_layers_outermost_first_around_the_innermost() -> None:
+    seen: list[str] = []
+
+    class Layer:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def __call__(self, generation: Generation, call_next: Handler) -> OutputSource:
+            seen.append(f"{self.name} in")
+            try:
+                return await call_next(generation)
+            finally:
+                seen.append(f"{self.name} out")
+
+    async def innermost(generation: Generation) -> OutputSource:
+        seen.append("engine")
+        return object()  # type: ignore[return-value]
+
+    handler = chain([Layer(name) for name in AFTER_PARSE], innermost)
+    await handler(Generation({}, None, "chat", [[1]], [], 0))  # type: ignore[arg-type]
+    names = list(AFTER_PARSE)
+    assert seen == [f"{n} in" for n in names] + ["engine"] + [f"{n} out" for n in reversed(names)]

@@ -1,0 +1,161 @@
+"""The shared Redis connection's timeouts against a real redis-server: what counts as Redis not
+answering, and what is only the event loop being busy."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from middleware.redis import RedisBackend, RedisUnavailable
+from tests.redis_server import RedisServer
+
+
+async def test_a_busy_event_loop_is_not_a_redis_timeout(redis_url: str) -> None:
+    """Regression: under a burst of arrivals every turn of the event loop takes tens of ms, and a
+    command (5 turns from send to result on an open connection, 19 on a new one) outlasted the
+    timeout though Redis answered at once: it failed, marked Redis down, and idempotent requests
+    got 503s. Now the pool is opened at start-up and a late reply gets a few more turns."""
+    backend = RedisBackend(redis_url, timeout=0.05)
+    loop = asyncio.get_running_loop()
+    busy = True
+
+    def burst_turn() -> None:  # each turn of the loop also handles requests: 20 ms of work
+        time.sleep(0.02)
+        if busy:
+            loop.call_soon(burst_turn)
+
+    try:
+        await backend.warm(8)  # as the server does at start-up
+        loop.call_soon(burst_turn)
+        results = await asyncio.gather(*(backend.call(lambda r, i=i: r.set(f"k{i}", i)) for i in range(8)))
+        assert results == [True] * 8
+        assert backend.is_up and backend.num_failed_calls == 0
+    finally:
+        busy = False
+        await backend.close()
+
+
+async def test_a_frozen_redis_is_still_a_timeout_bounded_by_it() -> None:
+    with RedisServer() as redis:
+        backend = RedisBackend(redis.url, timeout=0.05)
+        try:
+            await backend.call(lambda r: r.ping())
+            redis.freeze()
+            started = time.monotonic()
+            with pytest.raises(RedisUnavailable):
+                await backend.call(lambda r: r.get("k"))
+            assert time.monotonic() - started < 0.5
+            assert not backend.is_up and backend.num_fallbacks == 1
+            redis.thaw()
+        finally:
+            await backend.close()
+
+
+async def test_connections_idle_when_redis_died_do_not_fail_it_again_once_it_is_back() -> None:
+    """Regression: connections idle in the pool when Redis was killed still pointed at the dead
+    server; once it was back, each failed when next used ("Connection closed by server"), sent
+    the replica back to its fallback for another probe interval and counted a second outage."""
+    with RedisServer() as redis:
+        backend = RedisBackend(redis.url, timeout=0.2, probe_interval=0.2)
+        try:
+            await backend.warm(8)  # eight pooled connections, all idle
+            redis.kill()
+            with pytest.raises(RedisUnavailable):  # one call finds out; seven connections stay idle
+                await backend.call(lambda r: r.ping())
+            redis.start()  # same port, a new process
+            await asyncio.sleep(backend.probe_interval + 0.05)
+            await backend.call(lambda r: r.ping())  # the probe: Redis is up again
+            for _ in range(3):  # enough concurrent calls to use every pooled connection
+                await asyncio.gather(*(backend.call(lambda r: r.ping()) for _ in range(8)))
+            assert backend.is_up and backend.num_fallbacks == 1
+        finally:
+            await backend.close()
+
+
+def _connected_clients(url: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return len(client.client_list()) - 1  # not this one
+    finally:
+        client.close()
+
+
+async def test_connect_waits_for_a_redis_that_starts_late(caplog: pytest.LogCaptureFixture) -> None:
+    """A pod often starts beside a Redis that is starting too: start-up retries with backoff, a
+    log line per retry, and opens the pool once Redis answers; no outage is counted."""
+    redis = RedisServer()  # its port is chosen; nothing listens yet
+    backend = RedisBackend(redis.url, timeout=0.2)
+    try:
+
+        async def start_later() -> None:
+            await asyncio.sleep(0.6)
+            await asyncio.to_thread(redis.start)
+
+        starter = asyncio.create_task(start_later())
+        with caplog.at_level("WARNING", logger="surge.redis"):
+            assert await backend.connect(attempts=20, num_connections=4, initial_wait=0.1, max_wait=0.2)
+        await starter
+        retries = [r for r in caplog.records if "retrying in" in r.getMessage()]
+        assert retries, "no retry was logged"
+        assert all(redis.url in r.getMessage() and "ConnectionError" in r.getMessage() for r in retries)
+        assert [int(r.getMessage().split("attempt ")[1].split()[0]) for r in retries] == list(
+            range(1, len(retries) + 1)
+        )
+        assert backend.is_up and backend.num_fallbacks == 0
+        assert _connected_clients(redis.url) >= 4  # the pool was opened
+        assert await backend.call(lambda r: r.set("k", "v")) is True
+    finally:
+        await backend.close()
+        redis.stop()
+
+
+async def test_connect_gives_up_after_its_attempts_and_the_probe_finds_redis_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    redis = RedisServer()
+    backend = RedisBackend(redis.url, timeout=0.2, probe_interval=0.2)
+    try:
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger="surge.redis"):
+            assert not await backend.connect(attempts=3, num_connections=4, initial_wait=0.05, max_wait=0.1)
+        assert time.monotonic() - started < 2.0  # three refused connects and two short waits
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("retrying in" in m for m in messages) == 2  # one line per retry, none after the last
+        assert any("did not answer in 3 attempts" in m for m in messages)
+        assert not backend.is_up and backend.num_fallbacks == 1
+        with pytest.raises(RedisUnavailable):  # while down, calls fail at once: the fallback's turn
+            await backend.call(lambda r: r.ping())
+
+        redis.start()
+        await asyncio.sleep(backend.probe_interval + 0.05)
+        assert await backend.call(lambda r: r.ping()) is True  # the probe: back on Redis
+        assert backend.is_up
+        for _ in range(50):  # the pool is opened again in the background
+            if _connected_clients(redis.url) >= 4:
+                break
+            await asyncio.sleep(0.02)
+        assert _connected_clients(redis.url) >= 4
+    finally:
+        await backend.close()
+        redis.stop()
+
+
+async def test_connect_to_a_frozen_redis_is_bounded_by_its_attempts() -> None:
+    with RedisServer() as redis:
+        redis.freeze()
+        backend = RedisBackend(redis.url, timeout=0.05)
+        try:
+            started = time.monotonic()
+            connected = await backend.connect(
+                attempts=3, num_connections=2, initial_wait=0.05, max_wait=0.05, attempt_timeout=0.2
+            )
+            elapsed = time.monotonic() - started
+            assert not connected and not backend.is_up
+            assert 0.6 <= elapsed < 1.5  # three attempts of 0.2 s each, two short waits between
+        finally:
+            redis.thaw()
+            await backend.close()

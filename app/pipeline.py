@@ -30,7 +30,7 @@ from models.sampling_params import SamplingParams
 @dataclass(frozen=True, slots=True)
 class Started:
     source: OutputSource
-    choices: list[SamplingParams]  # as degraded
+    choice_params: list[SamplingParams]  # as degraded
     headers: dict[str, str]
 
 
@@ -38,18 +38,18 @@ async def start_generation(
     request: Request,
     state: ServerState,
     prompts: Sequence[list[int]],
-    choices: Sequence[SamplingParams],
+    choice_params: Sequence[SamplingParams],
     priority: int,
     endpoint: str,
 ) -> Started:
-    """Run the after-parse layers on one request; the source to render, its choices as degraded and
+    """Run the after-parse layers on one request; the source to render, its choice_params as degraded and
     the response headers (the degradation level, when one applied)."""
     assert state.pipeline is not None  # built with the engine, and routes run only once it is ready
     # A keys-file tier is the base priority of everything the key sends.
     priority += int(request.scope.get("state", {}).get("priority_tier", 0))
-    generation = Generation(request.scope, request.headers, endpoint, prompts, list(choices), priority)
+    generation = Generation(request.scope, request.headers, endpoint, prompts, list(choice_params), priority)
     source = await state.pipeline(generation)
-    return Started(source, generation.choices, degraded_headers(generation.level))
+    return Started(source, generation.choice_params, degraded_headers(generation.level))
 
 
 def degraded_headers(level: int) -> dict[str, str]:
@@ -83,9 +83,9 @@ def build_pipeline(settings: Settings, state: ServerState, engine: AsyncEngine) 
     }
 
     async def submit(generation: Generation) -> OutputSource:
-        """len(prompts) x len(choices) sequences; choice index = prompt_index * n + choice."""
+        """len(prompts) x len(choice_params) sequences; choice index = prompt_index * n + choice."""
         generation.release_hold()
-        sequences = [(prompt, params) for prompt in generation.prompts for params in generation.choices]
+        sequences = [(prompt, params) for prompt in generation.prompts for params in generation.choice_params]
         try:
             return engine.submit(sequences, priority=generation.priority)
         except RuntimeError as exc:

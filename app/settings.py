@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from middleware.admission.admission import DEFAULT_CANNED_REPLY, AdmissionConfig
+from middleware.admission.admission import AdmissionConfig
 from middleware.admission.degradation import DegradationConfig
 from middleware.keys_file import KeysFile, load_keys_file
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
@@ -150,26 +150,34 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
+# Each default lives once, on the config object that uses it; the settings take it from there.
+_MODEL = ModelConfig()
+_SCHEDULER = SchedulerConfig()
+_ENGINE = EngineConfig()
+_DEGRADATION = DegradationConfig()
+_ADMISSION = AdmissionConfig()
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
-    model: str = "tiny"
-    revision: str = ""
-    download_attempts: int = 5
+    model: str = _MODEL.model
+    revision: str = _MODEL.revision
+    download_attempts: int = _MODEL.download_attempts
     host: str = "127.0.0.1"
     port: int = 8000
-    device: str = "auto"
-    dtype: str = "auto"
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2048
-    max_prompt_chunk_while_decoding: int = 512
-    max_model_len: int = 0
+    device: str = _MODEL.device
+    dtype: str = _MODEL.dtype
+    max_num_seqs: int = _SCHEDULER.max_num_seqs
+    max_num_batched_tokens: int = _SCHEDULER.max_num_batched_tokens
+    max_prompt_chunk_while_decoding: int = _SCHEDULER.max_prompt_chunk_while_decoding
+    max_model_len: int = _SCHEDULER.max_model_len
     served_model_name: str = ""
     api_key: tuple[str, ...] = ()
     cors_origin: tuple[str, ...] = ()
-    num_threads: int = 1
-    prefill_threads: int = 0
-    engine_mode: str = "process"
-    engine_nice: int = 3
+    num_threads: int = _MODEL.num_threads
+    prefill_threads: int = _MODEL.prefill_threads
+    engine_mode: str = "process" if _ENGINE.separate_process else "thread"
+    engine_nice: int = _ENGINE.nice
     max_body_bytes: int = 8 * 1024 * 1024
     keepalive_seconds: float = 5.0
     log_level: str = "info"
@@ -186,19 +194,19 @@ class Settings:
     idempotency_ttl_seconds: float = 86400.0
     idempotency_lease_seconds: float = 30.0
     dedup_ttl_seconds: float = 300.0
-    max_queued_requests: int = 256
-    max_queued_tokens: int = 0
-    max_queue_seconds: float = 120.0
-    degrade_thresholds: str = "1,2,4,8"
-    degrade_queue_depth: int = 64
-    degrade_queue_seconds: float = 2.0
-    degrade_ttft_seconds: float = 5.0
-    degrade_error_rate: float = 0.2
-    degrade_cooldown_seconds: float = 10.0
-    degrade_max_tokens: int = 256
-    degrade_max_prompt_tokens: int = 2048
-    canned_reply: str = DEFAULT_CANNED_REPLY
-    shed_priority: int = 0
+    max_queued_requests: int = _ADMISSION.max_queued_requests
+    max_queued_tokens: int = _ADMISSION.max_queued_tokens
+    max_queue_seconds: float = _SCHEDULER.max_queue_seconds
+    degrade_thresholds: str = ",".join(f"{threshold:g}" for threshold in _DEGRADATION.thresholds)
+    degrade_queue_depth: int = _DEGRADATION.queue_depth
+    degrade_queue_seconds: float = _DEGRADATION.queue_seconds
+    degrade_ttft_seconds: float = _DEGRADATION.ttft_seconds
+    degrade_error_rate: float = _DEGRADATION.error_rate
+    degrade_cooldown_seconds: float = _DEGRADATION.cooldown_seconds
+    degrade_max_tokens: int = _ADMISSION.degraded_max_tokens
+    degrade_max_prompt_tokens: int = _ADMISSION.degraded_max_prompt_tokens
+    canned_reply: str = _ADMISSION.canned_reply
+    shed_priority: int = _ADMISSION.shed_priority
     engine: EngineConfig = field(init=False)
     degradation: DegradationConfig = field(init=False)
     admission: AdmissionConfig = field(init=False)

@@ -45,7 +45,8 @@ DOOR: tuple[str, ...] = (
 
 AFTER_PARSE: tuple[str, ...] = (
     # Admission: queue bounds, shedding and the degradation level, 503s before anything is spent;
-    # degrades the choices (logprobs, max_tokens) that every later layer sees (admission/admission.py).
+    # degrades the sampling parameters (logprobs, max_tokens) every later layer sees
+    # (admission/admission.py).
     "admission",
     # The tokens bucket: 429 on the cost as degraded (clamped max_tokens), before any generation;
     # meters what the layers inside return and refunds the unused part (rate_limit/tokens.py).

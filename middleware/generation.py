@@ -34,9 +34,9 @@ class Generation:
     headers: Headers
     endpoint: str  # "chat" or "completions": part of what makes two requests the same
     prompts: Sequence[list[int]]
-    # One SamplingParams per choice of each prompt: sequence i * len(choices) + j is prompt i's
+    # One SamplingParams per choice of each prompt: sequence i * len(choice_params) + j is prompt i's
     # j-th choice. As degraded, once admission has run.
-    choices: list[SamplingParams]
+    choice_params: list[SamplingParams]
     priority: int  # lower runs first; the API key's tier included
     level: int = 0  # the degradation level admission applied (0 normal, 4 shedding)
     # Called when the request reaches the engine: it is no longer held between the layers (admission
@@ -49,7 +49,7 @@ class Generation:
 
     @property
     def num_sequences(self) -> int:
-        return len(self.prompts) * len(self.choices)
+        return len(self.prompts) * len(self.choice_params)
 
 
 Handler = Callable[[Generation], Awaitable[OutputSource]]

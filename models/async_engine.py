@@ -1,7 +1,7 @@
 """The asyncio face of the engine: submit a request, iterate its outputs, abort on exit.
 
 The event loop never touches torch: it only hands requests to the engine and takes outputs
-from per-request queues. The engine runs in a child process by default (models/engine_client.py:
+from per-request queues. The engine runs in a child process by default (models/engine_process.py:
 its outputs are read on the event loop when the pipe is readable) or on a thread of this
 process (`separate_process=False`: each step's outputs come with one `call_soon_threadsafe`).
 
@@ -23,12 +23,12 @@ from typing import Protocol
 
 from models.config import EngineConfig
 from models.engine import EngineCore
-from models.engine_client import EngineProcess
+from models.engine_process import EngineProcess
 from models.engine_spawn import SpawnedEngine
 from models.gpu import GpuStat
 from models.load_stats import LoadSnapshot
 from models.loader import load_model, resolve_max_model_len
-from models.observer import EngineObserver
+from models.observer import NULL_OBSERVER, EngineObserver
 from models.outputs import EngineDeadError, RequestOutput
 from models.sampling_params import SamplingParams
 from models.tokenizer import Tokenizer
@@ -179,7 +179,7 @@ class AsyncEngine:
     async def start(
         cls,
         config: EngineConfig,
-        observer: EngineObserver | None = None,
+        observer: EngineObserver = NULL_OBSERVER,
         process_init: Callable[[], None] | None = None,
         spawned: SpawnedEngine | None = None,
     ) -> AsyncEngine:

@@ -21,7 +21,9 @@ class SchedulerConfig:
     # Prompt plus generated tokens of one sequence; 0 takes the model's own limit.
     max_model_len: int = 0
     # A request still waiting after this long is dropped without using the model; 0 = no limit.
-    max_queue_seconds: float = 0.0
+    # Longer than any client waits for a first token (the openai SDK's default timeout is 600 s,
+    # but an interactive caller gives up far sooner), shorter than a queue that never drains.
+    max_queue_seconds: float = 120.0
     # While sequences decode, one prompt gets at most this many tokens per step, so a long prompt
     # cannot freeze running streams for one big step (on CPU a 2,048-token prefill of the `m`
     # model is a ~300 ms gap between two tokens of every stream; four 512-token chunks, ~60 ms
@@ -53,7 +55,6 @@ class ModelConfig:
     # torch intra-op threads on CPU; 0 leaves torch's default. One thread avoids contention with
     # the event loop on small machines: a second one slows each step when anything else wants a core.
     num_threads: int = 1
-    trust_remote_code: bool = False
     # torch threads for a step that prefills a burst of prompts (models/threads.py): the HTTP side
     # is idle then, so the other cores can help. 0 = every CPU this process may use; a value not
     # above num_threads turns the switch off.
@@ -88,7 +89,7 @@ class EngineConfig:
     # The engine process's nice value (process mode): on a busy CPU the HTTP process, which
     # refuses, answers probes and writes streams, runs first; the model gets every cycle it
     # does not need. 0: the same priority as the server.
-    nice: int = 0
+    nice: int = 3
 
     def __post_init__(self) -> None:
         if not 0 <= self.nice <= 19:

@@ -25,11 +25,11 @@ from models.gpu import GpuStat, read_gpu_stats
 from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
 from models.model_runner import ModelRunner, Runner
-from models.observer import EngineObserver
+from models.observer import NULL_OBSERVER, EngineObserver
 from models.outputs import EngineDeadError, RequestOutput, TokenLogprob
 from models.sampler import Sampler, SamplingRow, make_generator
 from models.sampling_params import SamplingParams
-from models.scheduler import Scheduler, SchedulerOutput
+from models.scheduler import SampledToken, Scheduler, SchedulerOutput
 from models.sequence import FinishReason, Sequence, SequenceStatus
 
 log = logging.getLogger("surge.engine")
@@ -49,6 +49,14 @@ class _Stop:
     """Inbox sentinel: leave the loop."""
 
 
+def _nothing() -> None:
+    pass
+
+
+def _publish_nothing(outputs: list[RequestOutput]) -> None:
+    pass
+
+
 class EngineCore:
     def __init__(
         self,
@@ -56,12 +64,12 @@ class EngineCore:
         config: SchedulerConfig,
         publish: Publish,
         clock: Callable[[], float] = time.monotonic,
-        observer: EngineObserver | None = None,
-        on_iteration: Callable[[], None] | None = None,
+        observer: EngineObserver = NULL_OBSERVER,
+        on_iteration: Callable[[], None] = _nothing,
     ) -> None:
         self.config = config
         self.clock = clock
-        self.observer = observer  # metrics; None costs nothing
+        self.observer = observer  # metrics
         # Called on the engine thread after warmup and after every loop iteration (inbox drained,
         # step run): the engine process ships that iteration's outputs and figures from here.
         self._on_iteration = on_iteration
@@ -177,78 +185,76 @@ class EngineCore:
             gc.collect()
             gc.freeze()
             self.is_warm = True
-            if on_iteration is not None:
-                on_iteration()
+            on_iteration()
             while self._drain_inbox(block=not self.scheduler.has_work):
                 if self.scheduler.has_work:
                     self.step()
-                if on_iteration is not None:
-                    on_iteration()
+                on_iteration()
         except BaseException as exc:  # the loop must never die silently
             log.exception("engine loop died")
             self.dead = exc
             self._fail_all(f"the engine stopped: {exc!r}")
 
     def step(self) -> None:
-        """Schedule, run the model, publish what came out."""
-        self._expire_waiting()
-        out = self.scheduler.schedule()
-        self._record_admissions(out)
-        if out.is_empty:
-            self.runner.apply_moves(out.moves)
-            return
-        try:
-            token_ids, logprobs = self._execute(out)
-        except Exception as exc:
-            log.exception("forward pass failed; failing the %d requests of this step", len(out.sequences))
-            self._fail(out.sequences, f"the model failed on this batch: {exc!r}")
-            return
-        self._publish(self._postprocess(out, token_ids, logprobs))
-        self.num_steps += 1
-        if self.observer is not None:
-            self.observer.on_step(len(out.decodes) + len(out.prefills), out.num_prompt_tokens, len(token_ids))
+        """Schedule, execute, postprocess, publish: one iteration of the running batch."""
+        outputs = self._expire_waiting()
+        plan = self.scheduler.schedule()
+        self._record_plan(plan)
+        outputs += self._run(plan)
+        if outputs:
+            self._publish(outputs)
 
-    def _execute(self, out: SchedulerOutput) -> tuple[list[int], list[TokenLogprob | None]]:
-        self.runner.apply_moves(out.moves)
+    def _run(self, plan: SchedulerOutput) -> list[RequestOutput]:
+        """The plan's slot moves, forward pass and sampling, the scheduler's bookkeeping, the
+        requests' outputs. A failure fails the plan's requests, not the loop."""
+        try:
+            self.runner.apply_moves(plan.moves)
+            if plan.is_empty:
+                return []
+            token_ids, logprobs = self._execute(plan)
+        except Exception as exc:
+            log.exception("forward pass failed; failing the %d requests of this step", len(plan.sequences))
+            return self._fail(plan.sequences, f"the model failed on this batch: {exc!r}")
+        sampled = self.scheduler.update_from_output(plan, token_ids)
+        self.num_steps += 1
+        self.observer.on_step(len(plan.decodes) + len(plan.prefills), plan.num_prompt_tokens, len(token_ids))
+        return self._postprocess(sampled, logprobs)
+
+    def _execute(self, plan: SchedulerOutput) -> tuple[list[int], list[TokenLogprob | None]]:
         if self._faults is not None and self.is_warm:
             self._faults.before_forward()
         if self._threads is not None:
-            self._threads.before_step(out.num_prompt_tokens)
-        logits = self.runner.forward(out.num_slots, out.prefills, out.decodes)
+            self._threads.before_step(plan.num_prompt_tokens)
+        logits = self.runner.forward(plan.num_slots, plan.prefills, plan.decodes)
         requests = self._requests
-        rows = [requests[chunk.seq.request_id].row for chunk in out.prefills if chunk.completes_prompt]
-        rows += [requests[seq.request_id].row for seq in out.decodes]
-        self.scheduler.mark_computed(out)
+        rows = [requests[seq.request_id].row for seq in plan.sampled]
         if not rows:
             return [], []
         result = self.sampler(logits, rows)
         return result.token_ids, result.logprobs
 
-    def _postprocess(
-        self, out: SchedulerOutput, token_ids: list[int], logprobs: list[TokenLogprob | None]
-    ) -> list[RequestOutput]:
-        sampled = [chunk.seq for chunk in out.prefills if chunk.completes_prompt] + out.decodes
+    def _postprocess(self, sampled: list[SampledToken], logprobs: list[TokenLogprob | None]) -> list[RequestOutput]:
+        """Each sampled token's text (stop strings matched here), timings and output delta."""
         outputs = []
         observer = self.observer
         now = self.clock()
         gaps: list[float] = []
-        for seq, token_id, logprob in zip(sampled, token_ids, logprobs, strict=True):
+        for (seq, token_id, reason), logprob in zip(sampled, logprobs, strict=True):
             request = self._requests[seq.request_id]
-            reason = self.scheduler.append_token(seq, token_id)
             if seq.num_output_tokens == 1:
                 self.load_stats.record_ttft(now - seq.arrival_time)
-                if observer is not None:
-                    observer.on_first_token(now - seq.arrival_time)
-            elif observer is not None:
+                observer.on_first_token(now - seq.arrival_time)
+            else:
                 gaps.append(now - request.last_token_time)
             request.last_token_time = now
             text, stopped = request.detokenizer.push(token_id)
             if stopped:
+                self.scheduler.finish(seq, FinishReason.STOP)  # a no-op if it stopped on its token too
                 reason = FinishReason.STOP
             elif reason is not None:
                 text += request.detokenizer.flush()
             if reason is not None:
-                self._finish(seq, reason)
+                self._finished(seq, reason)
             outputs.append(
                 RequestOutput(
                     seq.request_id,
@@ -260,38 +266,34 @@ class EngineCore:
                     reason,
                 )
             )
-        if gaps and observer is not None:
+        if gaps:
             observer.on_token_gaps(gaps)
         return outputs
 
-    def _expire_waiting(self) -> None:
+    def _expire_waiting(self) -> list[RequestOutput]:
         """Drop requests that waited longer than max_queue_seconds, without using the model."""
         arrivals = self._arrivals
         while arrivals and arrivals[0].status is not SequenceStatus.WAITING:
             arrivals.popleft()
         if not self.config.max_queue_seconds or not arrivals:
-            return
+            return []
         deadline = self.clock() - self.config.max_queue_seconds
-        expired = []
+        outputs = []
         while arrivals and arrivals[0].arrival_time < deadline:
             seq = arrivals.popleft()
             if seq.status is SequenceStatus.WAITING:
-                expired.append(seq)
-        if expired:
-            outputs = []
-            for seq in expired:
                 self._finish(seq, FinishReason.REJECTED)
                 message = f"the request waited more than {self.config.max_queue_seconds:g} s in the queue"
                 outputs.append(self._error_output(seq, message, FinishReason.REJECTED))
-            self._publish(outputs)
+        return outputs
 
-    def _record_admissions(self, out: SchedulerOutput) -> None:
+    def _record_plan(self, plan: SchedulerOutput) -> None:
+        """Queue times of the requests this step admits, and the KV use of the batch it runs."""
         now = self.clock()
-        for chunk in out.prefills:
+        for chunk in plan.prefills:
             if chunk.start == 0:
                 self.load_stats.record_queue_time(now - chunk.seq.arrival_time)
-                if self.observer is not None:
-                    self.observer.on_admitted(now - chunk.seq.arrival_time)
+                self.observer.on_admitted(now - chunk.seq.arrival_time)
         running = self.scheduler.running
         self.kv_usage = sum(seq.num_tokens for seq in running) / (self.config.max_num_seqs * self.config.max_model_len)
 
@@ -327,12 +329,16 @@ class EngineCore:
             self._settle_kv_usage()
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """End a request the scheduler has not ended yet (an expiry, a failure)."""
         self.scheduler.finish(seq, reason)
+        self._finished(seq, reason)
+
+    def _finished(self, seq: Sequence, reason: FinishReason) -> None:
+        """The engine's side of a request's end: forget it, count it, settle the KV figure."""
         self._requests.pop(seq.request_id, None)
         self.load_stats.record_finish(is_error=reason is FinishReason.ERROR)
         self._settle_kv_usage()
-        if self.observer is not None:
-            self.observer.on_finish(reason, self.clock() - seq.arrival_time)
+        self.observer.on_finish(reason, self.clock() - seq.arrival_time)
 
     def _settle_kv_usage(self) -> None:
         # kv_usage is measured when a step is planned; with the batch empty no step follows to
@@ -340,12 +346,13 @@ class EngineCore:
         if not self.scheduler.num_running:
             self.kv_usage = 0.0
 
-    def _fail(self, seqs: list[Sequence], message: str) -> None:
+    def _fail(self, seqs: list[Sequence], message: str) -> list[RequestOutput]:
+        """End `seqs` with an error; their error outputs."""
         outputs = []
         for seq in seqs:
             self._finish(seq, FinishReason.ERROR)
             outputs.append(self._error_output(seq, message))
-        self._publish(outputs)
+        return outputs
 
     def _fail_all(self, message: str) -> None:
         seqs = [request.seq for request in self._requests.values()]
@@ -358,7 +365,7 @@ class EngineCore:
                 self._num_inbox_taken += 1
                 seqs.append(item.seq)
         try:
-            self._fail(seqs, message)
+            self._publish(self._fail(seqs, message))
         except Exception:
             log.exception("could not tell %d requests that the engine stopped", len(seqs))
 
@@ -367,11 +374,13 @@ class EngineCore:
         return RequestOutput(seq.request_id, "", [], seq.num_prompt_tokens, seq.num_output_tokens, [], reason, message)
 
     def _warmup(self) -> None:
-        """Run the shapes serving will use (a batched prefill, full-width decode) before /ready."""
+        """Run the shapes serving will use (a batched prefill, full-width decode) through `step()`,
+        before /ready; nothing of it is published, observed or counted."""
         num_seqs = self.config.max_num_seqs
         prompt_len = max(1, min(16, self.config.max_model_len - 3))
         log.info("warming up: %d sequences, prompt %d tokens", num_seqs, prompt_len)
-        observer, self.observer = self.observer, None  # warmup requests are not load
+        observer, publish = self.observer, self._publish
+        self.observer, self._publish = NULL_OBSERVER, _publish_nothing
         for i in range(num_seqs):
             params = SamplingParams(max_tokens=2, temperature=0.0 if i % 2 else 1.0, ignore_eos=True)
             seq = Sequence(f"warmup-{i}", [0] * prompt_len, params)
@@ -379,10 +388,9 @@ class EngineCore:
             self._requests[seq.request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer.decode, []), row)
             self.scheduler.add(seq)
         while self.scheduler.has_work:
-            out = self.scheduler.schedule()
-            token_ids, logprobs = self._execute(out)
-            self._postprocess(out, token_ids, logprobs)
-        self.runner.apply_moves(self.scheduler.schedule().moves)
-        self.load_stats = LoadStats(clock=self.clock)  # warmup requests are not load
-        self.observer = observer
+            self.step()
+        self.step()  # an empty step applies the slot moves the last finishes left
+        self.load_stats = LoadStats(clock=self.clock)
+        self.num_steps = 0
+        self.observer, self._publish = observer, publish
         log.info("warmup done: %d sequences, prompt %d tokens", num_seqs, prompt_len)

@@ -1,211 +1,392 @@
-"""The engine in its own process: the child side.
+"""The server's side of an engine process (models/engine_child.py has the child's side).
 
-Why a process: the engine thread and the event loop share one GIL in one process, and on a
-small CPU machine that costs a quarter to a third of the batch's tokens/s (measured: the
-engine alone reaches 0.83-0.98x of the model's batched-decode ceiling, the same engine behind
-uvicorn 0.62-0.73x). In its own process the engine's Python runs beside the event loop's,
-not in turns with it.
+`EngineProcess` stands where an in-process `EngineCore` would: requests and aborts go down a
+pipe; outputs, observer events and the engine's figures come back, read on the event loop
+when the pipe is readable (`loop.add_reader`: no thread, no hand-off). Figures the server
+asks for on every request (waiting, running, KV use) are the engine's last report plus what
+was sent since; load windows (queue time, TTFT, error rate) are kept here, fed by the same
+events the metrics get.
 
-The child loads the model, runs `EngineCore.run()` on its main thread and talks to the
-server over two one-way pipes:
-
-- requests in (`serve_engine`'s receiver thread feeds the core's inbox, so the loop never
-  waits on the pipe): `(ADD, [(request_id, prompt_token_ids, params, priority, arrival_time),
-  ...])` with every request the server's event loop submitted in one iteration (a burst arrives
-  whole and fills one step), `(ABORT, request_id)`, `(STOP,)`;
-- messages out, at most one per loop iteration: `(LOADED, path, max_pos, vocab_size,
-  eos_ids, max_model_len)` once, `(FAILED, message)` if loading fails, then `(STEP, outputs,
-  events, stats)` whenever something changed, `(GPU, stats)` about once a second on CUDA
-  (models/gpu.py), and `(DEAD, message)` if the loop died.
-
-Outputs travel as plain tuples (`output_to_wire`): they pickle several times faster than the
-dataclass. Observer events travel as tuples too; the server replays them into its metrics
-and load figures, so models/ still imports no metrics library.
-
-The child ignores SIGINT and SIGTERM: a Ctrl-C in a terminal reaches the whole process
-group, and the server, not the signal, decides when the engine stops (after draining).
-The child exits on STOP or when the server's end of the pipe closes (the server died).
+If the child dies (OOM kill, crash, its loop died), every request still open gets an error
+output and `dead` says why; /ready turns 503 and the process supervisor (Kubernetes) restarts
+the pod.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
-import signal
+import pickle
+import select
+import struct
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any
 
-from models.config import EngineConfig
-from models.engine import EngineCore
-from models.gpu import read_gpu_stats
-from models.loader import load_model, resolve_max_model_len
-from models.outputs import RequestOutput
+from models.config import EngineConfig, SchedulerConfig
+from models.engine_messages import (
+    IDLE_STATS,
+    AbortRequest,
+    AddRequests,
+    AdmittedEvent,
+    Died,
+    EngineEvent,
+    FinishEvent,
+    FirstTokenEvent,
+    FromEngine,
+    GpuReport,
+    Loaded,
+    LoadFailed,
+    NewRequest,
+    StepEvent,
+    StepReport,
+    StopEngine,
+    ToEngine,
+    TokenGapsEvent,
+    output_from_wire,
+)
+from models.engine_spawn import SpawnedEngine, spawn_engine
+from models.gpu import GpuStat
+from models.load_stats import LoadSnapshot, LoadStats
+from models.loader import load_tokenizer
+from models.observer import EngineObserver
+from models.outputs import EngineDeadError, RequestOutput
+from models.sampling_params import SamplingParams
 from models.sequence import FinishReason
+from models.tokenizer import Tokenizer
 
 log = logging.getLogger("surge.engine")
 
-# Message kinds (small ints pickle smaller and compare faster than strings).
-ADD, ABORT, STOP = 0, 1, 2
-LOADED, FAILED, STEP, DEAD, GPU = 0, 1, 2, 3, 4
-# How often the engine process reads GPU memory and utilization for the server's metrics.
-GPU_READ_SECONDS = 1.0
-# Observer event kinds.
-EV_STEP, EV_ADMITTED, EV_FIRST_TOKEN, EV_GAPS, EV_FINISH = 0, 1, 2, 3, 4
-
-# (is_warm, num_waiting, num_waiting_tokens, num_running, kv_usage, num_aborted, num_steps, num_received)
-Stats = tuple[bool, int, int, int, float, int, int, int]
-WireOutput = tuple[str, str, list[int], int, int, list[Any], str | None, str | None]
+Publish = Callable[[list[RequestOutput]], None]
 
 
-def output_to_wire(o: RequestOutput) -> WireOutput:
-    reason = o.finish_reason.value if o.finish_reason is not None else None
-    return (o.request_id, o.text, o.token_ids, o.num_prompt_tokens, o.num_output_tokens, o.logprobs, reason, o.error)
+class EngineProcess:
+    """An engine running in a child process, seen from the event loop."""
 
+    def __init__(
+        self,
+        config: EngineConfig,
+        publish: Publish,
+        observer: EngineObserver,
+        loop: asyncio.AbstractEventLoop,
+        init: Callable[[], None] | None = None,
+        spawned: SpawnedEngine | None = None,
+    ) -> None:
+        """`spawned`: a child already started with `spawn_engine` (its config wins); else one is
+        started here with `config` and `init`."""
+        self._publish = publish
+        self._observer = observer
+        self._loop = loop
+        self.load_stats = LoadStats()
+        self.dead: BaseException | None = None
+        self._stats = IDLE_STATS
+        self._num_sent = 0
+        self._open: set[str] = set()  # sent and not finished nor aborted
+        self._gpu_stats: list[GpuStat] = []
+        self._send_lock = threading.Lock()  # stop() runs on a worker thread
+        self._outgoing = bytearray()  # framed messages the pipe did not take yet
+        # Requests submitted in this event-loop iteration, sent as one ADD message at its end: a
+        # burst of streams reaches the engine together and fills one step, instead of its first
+        # request waking the engine into a step of one (and one write per request).
+        self._adds: list[NewRequest] = []
+        self._loop_thread = threading.get_ident()  # built on the loop's thread
+        self._is_writer_on = False  # the loop watches the pipe for room
+        self._stopping = False
+        self._loaded: asyncio.Future[Loaded] = loop.create_future()
+        self._warm = asyncio.Event()
+        # A child started early (`surge serve` spawns it before importing the server) or now.
+        spawned = spawned if spawned is not None else spawn_engine(config, init)
+        self.engine_config = spawned.config  # max_model_len resolved once the child reports it
+        self._requests: Connection = spawned.requests
+        self._messages: Connection = spawned.messages
+        self._process = spawned.process
+        loop.add_reader(self._messages.fileno(), self._on_readable)
+        os.set_blocking(self._requests.fileno(), False)  # see _send
+        # NOTE: uvloop (libuv's uv_poll_init) makes a watched fd non-blocking, and then `recv` of a
+        # message only partly in the pipe (larger than the pipe's 64 KiB, or written while it was
+        # full) raises BlockingIOError, an OSError, which read as "the engine exited". Blocking
+        # reads wait for the rest, which the child is writing.
+        os.set_blocking(self._messages.fileno(), True)
 
-def output_from_wire(w: WireOutput) -> RequestOutput:
-    reason = FinishReason(w[6]) if w[6] is not None else None
-    return RequestOutput(w[0], w[1], w[2], w[3], w[4], w[5], reason, w[7])
+    # --- start-up -------------------------------------------------------------------------
 
+    async def wait_started(self) -> Tokenizer:
+        """Wait for the model to load (raise if it failed), load the tokenizer, wait for warmup."""
+        try:
+            loaded = await self._loaded
+            scheduler = replace(self.engine_config.scheduler, max_model_len=loaded.max_model_len)
+            self.engine_config = replace(self.engine_config, scheduler=scheduler)
+            # The tokenizer loads here while the child warms up.
+            tokenizer = await asyncio.to_thread(
+                load_tokenizer, self.engine_config.model, loaded.path, loaded.eos_token_ids
+            )
+            await self._warm.wait()
+            if self.dead is not None:
+                raise EngineDeadError(f"warmup failed: {self.dead}")
+            return tokenizer
+        except BaseException:
+            await asyncio.to_thread(self.stop, 2.0)
+            raise
 
-class RecordingObserver:
-    """Collects the engine's observer calls as tuples until the next message goes out."""
+    # --- what the server calls (on the event loop) -------------------------------------------
 
-    def __init__(self) -> None:
-        self.events: list[tuple[Any, ...]] = []
+    @property
+    def config(self) -> SchedulerConfig:
+        return self.engine_config.scheduler
 
-    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
-        self.events.append((EV_STEP, num_seqs, num_prompt_tokens, num_generated_tokens))
-
-    def on_admitted(self, queue_time: float) -> None:
-        self.events.append((EV_ADMITTED, queue_time))
-
-    def on_first_token(self, ttft: float) -> None:
-        self.events.append((EV_FIRST_TOKEN, ttft))
-
-    def on_token_gaps(self, gaps: list[float]) -> None:
-        self.events.append((EV_GAPS, gaps))
-
-    def on_finish(self, reason: FinishReason, e2e: float) -> None:
-        self.events.append((EV_FINISH, reason.value, e2e))
-
-
-class _Outbox:
-    """What one loop iteration produced, sent as one message when anything changed."""
-
-    def __init__(self, conn: Connection, core_ref: list[EngineCore], observer: RecordingObserver) -> None:
-        self.conn = conn
-        self.core_ref = core_ref
-        self.observer = observer
-        self.outputs: list[WireOutput] = []
-        self.num_received = 0  # ADD messages taken from the pipe (the server counts what it sent)
-        self.last_stats: Stats | None = None
-        self.next_gpu_read = 0.0
-
-    def publish(self, outputs: list[RequestOutput]) -> None:
-        self.outputs.extend(map(output_to_wire, outputs))
-
-    def flush(self) -> None:
-        now = time.monotonic()
-        if now >= self.next_gpu_read:
-            self.next_gpu_read = now + GPU_READ_SECONDS
-            gpu_stats = read_gpu_stats()  # [] on CPU: nothing sent
-            if gpu_stats:
-                self.send((GPU, gpu_stats))
-        core = self.core_ref[0]
-        # NOTE: read before the queue, as the receiver thread adds to it: a request counted here
-        # is already in the inbox, so the server's "queue + sent since" never misses one (which
-        # let admission overshoot its bound by one); one received in between counts twice until
-        # the next message, on the safe side.
-        num_received = self.num_received
-        stats: Stats = (
-            core.is_warm,
-            core.num_waiting,
-            core.num_waiting_tokens,
-            core.num_running,
-            core.kv_usage,
-            core.num_aborted,
-            core.num_steps,
-            num_received,
-        )
-        events = self.observer.events
-        if not self.outputs and not events and stats == self.last_stats:
-            return
-        outputs, self.outputs = self.outputs, []
-        self.observer.events = []
-        self.last_stats = stats
-        self.send((STEP, outputs, events, stats))
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        # An OSError: the server is gone; the receiver thread sees EOF and stops the loop.
-        with contextlib.suppress(OSError):
-            self.conn.send(message)
-
-
-def serve_engine(
-    config: EngineConfig,
-    requests: Connection,
-    messages: Connection,
-    init: Callable[[], None] | None = None,
-) -> None:
-    """The engine process's main function (the target of `multiprocessing.Process`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if config.nice:
-        # Before any thread starts: Linux nice values are per thread, and new threads inherit it.
-        os.nice(config.nice)
-    if init is not None:
-        init()  # the server's logging set-up
-    try:
-        loaded = load_model(config.model)
-        config = resolve_max_model_len(config, loaded)
-    except Exception as exc:
-        log.exception("could not load the model")
-        messages.send((FAILED, f"{type(exc).__name__}: {exc}"))
-        return
-    messages.send(
-        (
-            LOADED,
-            loaded.path,
-            loaded.max_position_embeddings,
-            loaded.vocab_size,
-            list(loaded.tokenizer.eos_token_ids),
-            config.scheduler.max_model_len,
-        )
-    )
-    observer = RecordingObserver()
-    core_ref: list[EngineCore] = []
-    outbox = _Outbox(messages, core_ref, observer)
-    core = EngineCore(loaded, config.scheduler, outbox.publish, observer=observer, on_iteration=outbox.flush)
-    core_ref.append(core)
-    receiver = threading.Thread(target=_receive, args=(requests, core, outbox), name="surge-engine-inbox", daemon=True)
-    receiver.start()
-    core.run()
-    outbox.flush()  # the errors of requests failed on the way out
-    if core.dead is not None:
-        outbox.send((DEAD, f"the engine stopped: {core.dead!r}"))
-
-
-def _receive(requests: Connection, core: EngineCore, outbox: _Outbox) -> None:
-    """Feed the core's inbox from the pipe; a closed pipe means the server is gone: stop."""
-    try:
-        while True:
-            message = requests.recv()
-            kind = message[0]
-            if kind == ADD:
-                for request_id, prompt_token_ids, params, priority, arrival_time in message[1]:
-                    try:
-                        core.add_request(request_id, prompt_token_ids, params, priority, arrival_time)
-                    except Exception as exc:  # the loop died; the server fails the request on DEAD
-                        log.warning("request %s refused: %s", request_id, exc)
-                    outbox.num_received += 1  # after the inbox holds it: num_waiting never dips
-            elif kind == ABORT:
-                core.abort_request(message[1])
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine has stopped: {self.dead}")
+        arrived = time.monotonic() if arrival_time is None else arrival_time  # one clock for both processes
+        with self._send_lock:
+            self._adds.append(NewRequest(request_id, prompt_token_ids, params, priority, arrived))
+            first = len(self._adds) == 1
+        if first:
+            if threading.get_ident() == self._loop_thread:
+                self._loop.call_soon(self._send_adds)  # after the rest of this iteration's callbacks
             else:
+                self._loop.call_soon_threadsafe(self._send_adds)
+        self._num_sent += 1
+        self._open.add(request_id)
+
+    def abort_request(self, request_id: str) -> None:
+        self._open.discard(request_id)
+        if self.dead is None:
+            self._send_adds()  # an abort must not overtake its request's ADD
+            self._send(AbortRequest(request_id))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the child to stop (it fails what is still open), wait for it, then make sure."""
+        self._stopping = True
+        started = time.monotonic()
+        try:
+            self._send_stop(timeout)
+        except TimeoutError as exc:
+            log.warning("%s", exc)
+        except (OSError, ValueError):
+            pass  # the child is gone already
+        self._process.join(max(0.0, timeout - (time.monotonic() - started)))
+        if self._process.is_alive():
+            log.warning("the engine process did not stop in %.0f s; killing it", timeout)
+            self._process.kill()
+            self._process.join(5)
+        with contextlib.suppress(OSError):
+            self._requests.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def is_warm(self) -> bool:
+        return self._stats.is_warm
+
+    @property
+    def is_alive(self) -> bool:
+        return self.dead is None and not self._stopping
+
+    @property
+    def num_waiting(self) -> int:
+        # The child's queue and inbox as of its last report, plus requests sent since.
+        stats = self._stats
+        return stats.num_waiting + max(0, self._num_sent - stats.num_received)
+
+    @property
+    def num_waiting_tokens(self) -> int:
+        return self._stats.num_waiting_tokens
+
+    @property
+    def num_running(self) -> int:
+        return self._stats.num_running
+
+    @property
+    def kv_usage(self) -> float:
+        return self._stats.kv_usage
+
+    @property
+    def num_aborted(self) -> int:
+        return self._stats.num_aborted
+
+    @property
+    def num_steps(self) -> int:
+        return self._stats.num_steps
+
+    def gpu_stats(self) -> list[GpuStat]:
+        return self._gpu_stats  # as the engine process last read them
+
+    def load_snapshot(self) -> LoadSnapshot:
+        queue_time_p90, ttft_p90, error_rate = self.load_stats.window()
+        return LoadSnapshot(
+            num_waiting=self.num_waiting,
+            num_running=self.num_running,
+            max_num_seqs=self.engine_config.scheduler.max_num_seqs,
+            queue_time_p90=queue_time_p90,
+            ttft_p90=ttft_p90,
+            error_rate=error_rate,
+            kv_usage=self.kv_usage,
+            num_waiting_tokens=self.num_waiting_tokens,
+        )
+
+    # --- the pipe -----------------------------------------------------------------------------
+
+    def _send_adds(self) -> None:
+        with self._send_lock:
+            adds, self._adds = self._adds, []
+        if adds and self.dead is None:
+            self._send(AddRequests(adds))
+
+    def _send(self, message: ToEngine) -> None:
+        """Queue one message (multiprocessing's framing, so the child's `Connection.recv` reads
+        it) and write what the pipe takes now; on the event loop this never blocks: a busy child
+        may leave the pipe full for a whole step, and the loop has streams to serve meanwhile."""
+        framed = _frame(message)
+        with self._send_lock:
+            self._outgoing += framed
+            if not self._is_writer_on:
+                self._flush()
+
+    def _flush(self) -> None:
+        """Write queued bytes until the pipe is full; watch for room if some are left (lock held)."""
+        fd = self._requests.fileno()
+        while self._outgoing:
+            try:
+                written = os.write(fd, self._outgoing)
+            except BlockingIOError:
                 break
-    except (EOFError, OSError):
-        log.info("the server closed the engine's pipe; stopping")
-    core.stop(timeout=0)
+            except OSError:  # the child is gone: EOF on its pipe fails what was sent
+                self._outgoing.clear()
+                break
+            del self._outgoing[:written]
+        wanted = bool(self._outgoing)
+        if wanted != self._is_writer_on:
+            if wanted:
+                self._loop.add_writer(fd, self._on_writable)
+            else:
+                self._loop.remove_writer(fd)
+            self._is_writer_on = wanted
+
+    def _on_writable(self) -> None:
+        with self._send_lock:
+            self._flush()
+
+    def _send_stop(self, timeout: float) -> None:
+        """STOP, from any thread (the server stops the engine from a worker thread): written after
+        whatever is still queued, so the child reads everything before it; within `timeout`, as
+        a child too frozen to read its pipe must not hold up shutdown (stop() kills it)."""
+        deadline = time.monotonic() + timeout
+        with self._send_lock:
+            if self._adds:  # not sent yet: the child fails them on STOP, as it fails what it holds
+                self._outgoing += _frame(AddRequests(self._adds))
+                self._adds = []
+            data = bytes(self._outgoing) + _frame(StopEngine())
+            self._outgoing.clear()
+            fd = self._requests.fileno()
+            view = memoryview(data)
+            while view:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"the engine process read no STOP in {timeout:.0f} s")
+                if select.select([], [fd], [], remaining)[1]:
+                    with contextlib.suppress(BlockingIOError):  # the fd stays non-blocking
+                        view = view[os.write(fd, view) :]
+
+    def _on_readable(self) -> None:
+        messages = self._messages
+        while True:
+            try:
+                message = messages.recv()
+            except (EOFError, OSError):  # only the pipe's own failures mean the child is gone
+                self._on_exit()
+                return
+            self._handle(message)
+            if not messages.poll():
+                return
+
+    def _handle(self, message: FromEngine) -> None:
+        if isinstance(message, StepReport):
+            self._stats = message.stats
+            if message.events:
+                self._replay(message.events)
+            if message.outputs:
+                outputs = [output_from_wire(wire) for wire in message.outputs]
+                open_ids = self._open
+                for output in outputs:
+                    if output.finished:
+                        open_ids.discard(output.request_id)
+                self._publish(outputs)
+            if message.stats.is_warm and not self._warm.is_set():
+                self._warm.set()
+        elif isinstance(message, GpuReport):
+            self._gpu_stats = message.stats
+        elif isinstance(message, Loaded):
+            if not self._loaded.done():
+                self._loaded.set_result(message)
+        elif isinstance(message, LoadFailed):
+            self._die(EngineDeadError(f"could not load the model: {message.message}"))
+        elif isinstance(message, Died):
+            self._die(EngineDeadError(message.message))
+
+    def _replay(self, events: list[EngineEvent]) -> None:
+        observer, stats = self._observer, self.load_stats
+        for event in events:
+            if isinstance(event, TokenGapsEvent):
+                observer.on_token_gaps(event.gaps)
+            elif isinstance(event, StepEvent):
+                observer.on_step(event.num_seqs, event.num_prompt_tokens, event.num_generated_tokens)
+            elif isinstance(event, FirstTokenEvent):
+                stats.record_ttft(event.ttft)
+                observer.on_first_token(event.ttft)
+            elif isinstance(event, AdmittedEvent):
+                stats.record_queue_time(event.queue_time)
+                observer.on_admitted(event.queue_time)
+            elif isinstance(event, FinishEvent):
+                stats.record_finish(is_error=event.reason is FinishReason.ERROR)
+                observer.on_finish(event.reason, event.e2e)
+
+    def _on_exit(self) -> None:
+        with contextlib.suppress(Exception):
+            self._loop.remove_reader(self._messages.fileno())
+        with contextlib.suppress(OSError):
+            self._messages.close()
+        if self._stopping:
+            self._die(EngineDeadError("the server is shutting down"), quiet=True)
+        else:
+            self._process.join(1)
+            self._die(EngineDeadError(f"the engine process exited (exit code {self._process.exitcode})"))
+
+    def _die(self, error: EngineDeadError, quiet: bool = False) -> None:
+        if self.dead is None:
+            self.dead = error
+            if not quiet:
+                log.error("%s", error)
+        if not self._loaded.done():
+            self._loaded.set_exception(error)
+        self._warm.set()
+        stats = self._stats  # a dead engine runs and holds nothing
+        self._stats = stats._replace(num_waiting=0, num_waiting_tokens=0, num_running=0, kv_usage=0.0)
+        self._num_sent = stats.num_received
+        # Requests the child never answered (in the pipe, or open when it died) end with the error.
+        if self._open:
+            message = str(error)
+            failed = [
+                RequestOutput(request_id, "", [], 0, 0, [], FinishReason.ERROR, message) for request_id in self._open
+            ]
+            self._open.clear()
+            self._publish(failed)
+
+
+def _frame(message: ToEngine) -> bytes:
+    """One message as multiprocessing's framing has it (so the child's `Connection.recv` reads it)."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return struct.pack("!i", len(payload)) + payload

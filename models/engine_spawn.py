@@ -7,8 +7,8 @@ child's imports and model load run beside the server's instead of after them (ti
 unpickles its target by module and name, so the target (`_main`) must live where importing it is
 cheap in the parent.
 
-The child side is models/engine_process.py; the server side, which adopts what is started
-here, is models/engine_client.py.
+The child side is models/engine_child.py; the server side, which adopts what is started here,
+is models/engine_process.py; what they say to each other, models/engine_messages.py.
 """
 
 from __future__ import annotations
@@ -49,6 +49,6 @@ def spawn_engine(config: EngineConfig, init: Callable[[], None] | None = None) -
 
 
 def _main(config: EngineConfig, requests: Connection, messages: Connection, init: Callable[[], None] | None) -> None:
-    from models.engine_process import serve_engine  # the child's heavy imports, not the parent's
+    from models.engine_child import serve_engine  # the child's heavy imports, not the parent's
 
     serve_engine(config, requests, messages, init)

@@ -1,6 +1,6 @@
 """Fault injection for tests: make chosen forward passes raise, in whichever process runs the engine.
 
-The engine usually runs in a child process (models/engine_process.py), where a test's
+The engine usually runs in a child process (models/engine_child.py), where a test's
 monkeypatching cannot reach, so the hook is read from the environment, which the child inherits:
 
     SURGE_FAULT_FORWARD_ERROR_STEPS=5,8,40 surge serve ...

@@ -167,11 +167,3 @@ class SlotCache(Cache):
             index = torch.arange(num_rows, device=device)
             self._row_index[num_rows] = index
         return index
-
-    def bytes_per_token(self) -> int:
-        total = 0
-        for layer in self.slot_layers:
-            if layer.keys is not None and layer.values is not None:
-                per_pos = layer.keys.shape[1] * layer.keys.shape[3] * layer.keys.element_size()
-                total += 2 * per_pos
-        return total

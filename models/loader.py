@@ -81,12 +81,12 @@ def load_model(config: ModelConfig) -> LoadedModel:
     log.info("resolving model %s", config.model)
     path = resolve_model_path(config.model, config.revision, config.download_attempts)
     log.info("loading tokenizer from %s", path)
-    hf_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+    hf_tokenizer = AutoTokenizer.from_pretrained(path)
     size = _weights_size(path)
     log.info(
         "loading weights from %s (%s) on %s as %s", path, _format_bytes(size) if size else "size unknown", device, dtype
     )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=config.trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model = model.to(device)  # type: ignore[arg-type]
     model.eval()
     text_config = model.config.get_text_config()
@@ -130,7 +130,7 @@ def load_tokenizer(config: ModelConfig, path: str, eos_token_ids: list[int]) -> 
         from models import tiny
 
         return Tokenizer(AutoTokenizer.from_pretrained(tiny.ensure_tokenizer()), eos_token_ids)
-    hf_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+    hf_tokenizer = AutoTokenizer.from_pretrained(path)
     return Tokenizer(hf_tokenizer, eos_token_ids)
 
 

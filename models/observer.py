@@ -3,7 +3,7 @@
 The engine calls these from its own thread, once per step or once per event, never per
 request in a loop of its own; an implementation must be thread-safe and cheap (a counter or
 histogram update), and must not block. The engine knows nothing of who listens: the app
-wires a Prometheus implementation in; without one the engine skips every call.
+wires a Prometheus implementation in; without one the engine reports to `NULL_OBSERVER`.
 """
 
 from __future__ import annotations
@@ -28,3 +28,25 @@ class EngineObserver(Protocol):
 
     def on_finish(self, reason: FinishReason, e2e: float) -> None:
         """A request ended (not aborted), `e2e` seconds after it reached the engine."""
+
+
+class NullObserver:
+    """An observer that keeps nothing: the engine's default, so it never asks whether one listens."""
+
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
+        pass
+
+    def on_admitted(self, queue_time: float) -> None:
+        pass
+
+    def on_first_token(self, ttft: float) -> None:
+        pass
+
+    def on_token_gaps(self, gaps: list[float]) -> None:
+        pass
+
+    def on_finish(self, reason: FinishReason, e2e: float) -> None:
+        pass
+
+
+NULL_OBSERVER: EngineObserver = NullObserver()

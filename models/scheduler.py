@@ -1,7 +1,11 @@
 """The scheduler: which sequences run this step, and in which KV slot. Pure Python.
 
-No torch, no asyncio, no clock: a synchronous state machine (add, schedule, append_token,
-finish, abort) that the engine thread drives and that tests drive with made-up token ids.
+No torch, no asyncio, no clock: a synchronous state machine (add, schedule, update_from_output,
+finish, abort) that the engine thread drives and that tests drive with made-up token ids. It owns
+the per-token bookkeeping, as vLLM's `update_from_output`: after a step's forward pass, which
+tokens are computed, which token each sequence sampled, and which sequences stop (eos, a stop
+token, max_tokens, the context length). Stop strings are matched on text, so the engine's
+detokenizer finds those and calls `finish`.
 
 Slots stay compact: running sequences occupy slots 0..num_running-1, so one decode step
 reads one contiguous block of the KV cache. When a sequence leaves, the sequence in the last
@@ -15,6 +19,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from models.config import SchedulerConfig
 from models.sequence import FinishReason, Sequence, SequenceStatus
@@ -57,12 +62,24 @@ class SchedulerOutput:
     def num_prompt_tokens(self) -> int:
         return sum(chunk.num_tokens for chunk in self.prefills)
 
+    @property
+    def sampled(self) -> list[Sequence]:
+        """The sequences that get a token this step, in the order the runner returns their logits:
+        the chunks that complete their prompt, then the decodes."""
+        return [chunk.seq for chunk in self.prefills if chunk.completes_prompt] + self.decodes
+
+
+class SampledToken(NamedTuple):
+    seq: Sequence
+    token_id: int
+    finish_reason: FinishReason | None  # set when the sequence stopped on this token (now finished)
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_ids: Collection[int] = ()) -> None:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
-        # Heap of (priority, arrival, seq); aborted entries are dropped lazily when they surface.
+        # Heap of (priority, arrival_order, seq); aborted entries are dropped lazily when they surface.
         self._waiting: list[tuple[int, int, Sequence]] = []
         self._waiting_ids: dict[str, Sequence] = {}
         self.num_waiting_tokens = 0  # prompt tokens of the waiting sequences
@@ -90,11 +107,11 @@ class Scheduler:
         if seq.request_id in self._waiting_ids or any(s.request_id == seq.request_id for s in self.running):
             raise ValueError(f"duplicate request id {seq.request_id!r}")
         self._num_arrivals += 1
-        seq.arrival = self._num_arrivals
+        seq.arrival_order = self._num_arrivals
         seq.status = SequenceStatus.WAITING
         self._waiting_ids[seq.request_id] = seq
         self.num_waiting_tokens += seq.num_prompt_tokens
-        heapq.heappush(self._waiting, (seq.priority, seq.arrival, seq))
+        heapq.heappush(self._waiting, (seq.priority, seq.arrival_order, seq))
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step.
@@ -129,14 +146,23 @@ class Scheduler:
         out.num_slots = len(self.running)
         return out
 
-    def mark_computed(self, out: SchedulerOutput) -> None:
-        """The step's forward pass ran: its tokens' K/V are now in the cache."""
+    def update_from_output(self, out: SchedulerOutput, token_ids: list[int]) -> list[SampledToken]:
+        """The step's forward pass ran and `token_ids` were sampled, one per `out.sampled` sequence:
+        count its tokens as computed, append each sampled token, and finish the sequences that stop
+        on theirs (their slots are free by the next step)."""
         for chunk in out.prefills:
             chunk.seq.num_computed_tokens += chunk.num_tokens
         for seq in out.decodes:
             seq.num_computed_tokens += 1
+        sampled = []
+        for seq, token_id in zip(out.sampled, token_ids, strict=True):
+            reason = self._append_token(seq, token_id)
+            if reason is not None:
+                self.finish(seq, reason)
+            sampled.append(SampledToken(seq, token_id, reason))
+        return sampled
 
-    def append_token(self, seq: Sequence, token_id: int) -> FinishReason | None:
+    def _append_token(self, seq: Sequence, token_id: int) -> FinishReason | None:
         """Record a sampled token; return why the sequence must stop, if it must."""
         seq.output_token_ids.append(token_id)
         params = seq.params

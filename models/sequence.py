@@ -34,8 +34,8 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     priority: int = 0
-    # Set by the scheduler: admission order, the tie-breaker within a priority level.
-    arrival: int = 0
+    # Set by the scheduler: the order sequences reached it in, the tie-breaker within a priority level.
+    arrival_order: int = 0
     # Set by the engine (its clock, seconds): for queue time, TTFT and the queue deadline.
     arrival_time: float = 0.0
     output_token_ids: list[int] = field(default_factory=list)

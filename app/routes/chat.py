@@ -45,9 +45,9 @@ async def create_chat_completion(request: Request) -> Response:
         prompt = engine.tokenizer.encode_chat(body.template_messages())
     except Exception as exc:  # a template that rejects the conversation (e.g. role order)
         raise invalid_request(f"The chat template could not render these messages: {exc}", param="messages") from exc
-    choices = sampling_params(engine, body, len(prompt), body.requested_max_tokens, "messages")
-    started = await start_generation(request, state, [prompt], choices, body.priority, "chat")
-    group, choices, headers = started.source, started.choices, started.headers
+    choice_params = sampling_params(engine, body, len(prompt), body.requested_max_tokens, "messages")
+    started = await start_generation(request, state, [prompt], choice_params, body.priority, "chat")
+    group, choice_params, headers = started.source, started.choice_params, started.headers
     completion_id = new_chat_completion_id()
     created = int(time.time())
     if body.stream:
@@ -63,7 +63,7 @@ async def create_chat_completion(request: Request) -> Response:
         results = await unless_disconnected(request, collect(group))
     except ClientDisconnected:
         return Response(status_code=499)
-    want_logprobs = body.logprobs and choices[0].logprobs is not None  # level 1 drops them
+    want_logprobs = body.logprobs and choice_params[0].logprobs is not None  # level 1 drops them
     return JSONResponse(
         _response_body(completion_id, created, body.model, results, engine, want_logprobs), headers=headers
     )

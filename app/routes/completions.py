@@ -53,9 +53,9 @@ async def create_completion(request: Request) -> Response:
         prompts.append(ids)
     # The longest prompt decides whether max_tokens fits (and its default, when left out).
     longest = max(len(ids) for ids in prompts)
-    choices = sampling_params(engine, body, longest, body.requested_max_tokens, "prompt")
-    started = await start_generation(request, state, prompts, choices, body.priority, "completions")
-    group, choices, headers = started.source, started.choices, started.headers
+    choice_params = sampling_params(engine, body, longest, body.requested_max_tokens, "prompt")
+    started = await start_generation(request, state, prompts, choice_params, body.priority, "completions")
+    group, choice_params, headers = started.source, started.choice_params, started.headers
     completion_id = new_completion_id()
     created = int(time.time())
     num_prompt = sum(len(ids) for ids in prompts)
@@ -72,7 +72,7 @@ async def create_completion(request: Request) -> Response:
         results = await unless_disconnected(request, collect(group))
     except ClientDisconnected:
         return Response(status_code=499)
-    want_logprobs = body.logprobs is not None and choices[0].logprobs is not None  # level 1 drops them
+    want_logprobs = body.logprobs is not None and choice_params[0].logprobs is not None  # level 1 drops them
     return JSONResponse(
         _response_body(completion_id, created, body.model, results, engine.tokenizer, num_prompt, want_logprobs),
         headers=headers,

@@ -1,7 +1,7 @@
 """Streaming chunk JSON, built as strings: the per-token hot path.
 
-Owns the exact JSON of each streamed chunk, to the shapes of `ChatCompletionChunk` and
-`CompletionChunk` in `responses.py`. An encoder is made once per stream and pre-renders
+Owns the exact JSON of each streamed chunk, to the shapes of OpenAI's `chat.completion.chunk` and
+`text_completion` objects. An encoder is made once per stream and pre-renders
 everything that does not change (id, created, model, the `usage` tail), so a token costs one
 string escape and a concatenation, several times cheaper than a pydantic dump.
 It returns the JSON only; SSE framing (`data: ...`) belongs to the SSE module.

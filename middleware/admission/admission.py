@@ -102,11 +102,11 @@ class Admission:
             )
         return level
 
-    def degrade(self, choices: Sequence[SamplingParams], level: int) -> list[SamplingParams]:
+    def degrade(self, choice_params: Sequence[SamplingParams], level: int) -> list[SamplingParams]:
         if level < 1:
-            return list(choices)
+            return list(choice_params)
         out = []
-        for params in choices:
+        for params in choice_params:
             if params.logprobs is not None:
                 params = replace(params, logprobs=None)
             if level >= 2 and params.max_tokens > self.config.degraded_max_tokens:
@@ -126,7 +126,7 @@ class Admission:
 
 
 class AdmissionLayer:
-    """Admit (or refuse) the request, degrade its choices to the level, and hold it until it is
+    """Admit (or refuse) the request, degrade its choices' parameters to the level, and hold it until it is
     submitted or settled."""
 
     def __init__(self, admission: Admission) -> None:
@@ -135,7 +135,7 @@ class AdmissionLayer:
     async def __call__(self, generation: Generation, call_next: Handler) -> OutputSource:
         admission = self.admission
         generation.level = admission.admit(generation.num_prompt_tokens, generation.priority)
-        generation.choices = admission.degrade(generation.choices, generation.level)
+        generation.choice_params = admission.degrade(generation.choice_params, generation.level)
         generation.release_hold = release = admission.hold()
         try:
             return await call_next(generation)

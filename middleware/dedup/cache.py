@@ -65,12 +65,12 @@ _PARAM_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
 
 def request_fingerprint(
-    *, model: str, endpoint: str, prompts: Sequence[Sequence[int]], choices: Sequence[SamplingParams]
+    *, model: str, endpoint: str, prompts: Sequence[Sequence[int]], choice_params: Sequence[SamplingParams]
 ) -> str | None:
     """sha256 of everything that decides the output; None when the output is not determined."""
-    if len(prompts) != 1 or len(choices) != 1:
+    if len(prompts) != 1 or len(choice_params) != 1:
         return None
-    params = choices[0]
+    params = choice_params[0]
     if not (params.is_greedy or params.seed is not None):
         return None
     # Every SamplingParams field, so a field added later is part of the key without a change here.
@@ -122,12 +122,12 @@ class DedupCache:
         model: str,
         endpoint: str,
         prompts: Sequence[Sequence[int]],
-        choices: Sequence[SamplingParams],
+        choice_params: Sequence[SamplingParams],
     ) -> str | None:
         """The request's dedup key, or None when dedup is off or the request is not eligible."""
         if self.ttl == 0 or wants_fresh(headers):
             return None
-        return request_fingerprint(model=model, endpoint=endpoint, prompts=prompts, choices=choices)
+        return request_fingerprint(model=model, endpoint=endpoint, prompts=prompts, choice_params=choice_params)
 
     def key_of(self, generation: Generation, *, model: str) -> str | None:
         """`fingerprint` of an after-parse request."""
@@ -136,7 +136,7 @@ class DedupCache:
             model=model,
             endpoint=generation.endpoint,
             prompts=generation.prompts,
-            choices=generation.choices,
+            choice_params=generation.choice_params,
         )
 
     async def run(self, key: str | None, start: Callable[[], Awaitable[OutputSource]]) -> OutputSource:

@@ -35,8 +35,8 @@ class TokenLayer:
 
 
 def token_cost(generation: Generation) -> int:
-    """Prompt tokens + max_tokens of each of len(prompts) x len(choices) sequences."""
-    max_tokens = sum(params.max_tokens for params in generation.choices)
+    """Prompt tokens + max_tokens of each of len(prompts) x len(choice_params) sequences."""
+    max_tokens = sum(params.max_tokens for params in generation.choice_params)
     return generation.num_prompt_tokens + len(generation.prompts) * max_tokens
 
 

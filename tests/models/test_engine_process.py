@@ -1,4 +1,4 @@
-"""The engine in a child process (models/engine_process.py, models/engine_client.py), on the real
+"""The engine in a child process (models/engine_process.py, models/engine_child.py), on the real
 tiny model: the same tokens as the engine on a thread, aborts, figures, metrics events, a child
 that dies or fails to load, and a clean stop."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from models.async_engine import AsyncEngine
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
-from models.engine_client import EngineProcess
-from models.engine_process import GPU
+from models.engine_messages import GpuReport
+from models.engine_process import EngineProcess
 from models.outputs import EngineDeadError
 from models.sequence import FinishReason
 from tests.models.test_engine import RecordingObserver, greedy, prompt, run, tokens, wait_until
@@ -224,7 +224,7 @@ async def test_gpu_figures_come_from_the_engine_process(observed: tuple[AsyncEng
     core = child_of(engine)
     assert core.gpu_stats() == []  # on the CPU the child reads none and sends none
     # What a child on CUDA sends about once a second (models/gpu.py reads it there).
-    core._handle((GPU, [("cuda:0", 123_456, 0.25)]))
+    core._handle(GpuReport([("cuda:0", 123_456, 0.25)]))
     assert core.gpu_stats() == [("cuda:0", 123_456, 0.25)]
     core._gpu_stats = []
 

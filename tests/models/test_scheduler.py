@@ -1,6 +1,6 @@
 """Tests for models/scheduler.py: a pure state machine, driven with made-up token ids and no model.
 
-`_engine_step` mirrors the engine loop (schedule, run, mark_computed, append_token, finish), and
+`_engine_step` mirrors the engine loop (schedule, run, update_from_output), and
 `_SimulatedCache` stands in for the KV cache: it records which request's data each slot holds and
 how many positions of it are valid, applies the reported slot moves in order, and checks that every
 chunk and decode writes on top of that same sequence's data.
@@ -57,12 +57,7 @@ def _seq(
 def _engine_step(scheduler: Scheduler, sample: Callable[[Sequence], int] = lambda seq: TOKEN) -> SchedulerOutput:
     """One engine step as models/engine.py runs it, with `sample` in place of the model."""
     out = scheduler.schedule()
-    scheduler.mark_computed(out)
-    sampled = [chunk.seq for chunk in out.prefills if chunk.completes_prompt] + out.decodes
-    for seq in sampled:
-        reason = scheduler.append_token(seq, sample(seq))
-        if reason is not None:
-            scheduler.finish(seq, reason)
+    scheduler.update_from_output(out, [sample(seq) for seq in out.sampled])
     return out
 
 
@@ -102,7 +97,7 @@ class _SimulatedCache:
         self.slots[seq.slot] = (seq.request_id, seq.num_computed_tokens + 1)
 
     def run(self, out: SchedulerOutput) -> None:
-        """What the model runner does with one step's plan, before mark_computed."""
+        """What the model runner does with one step's plan, before update_from_output."""
         assert out.num_slots <= self.num_slots
         self.apply_moves(out.moves)
         for chunk in out.prefills:
@@ -392,19 +387,21 @@ def _check_random_run(seed: int, num_adding_steps: int) -> int:
             if chunk.seq.request_id in waiting:
                 # Admission in (priority, arrival) order: nobody still waiting should have gone first.
                 admitted = waiting.pop(chunk.seq.request_id)
-                assert all((s.priority, s.arrival) > (admitted.priority, admitted.arrival) for s in waiting.values())
+                assert all(
+                    (s.priority, s.arrival_order) > (admitted.priority, admitted.arrival_order)
+                    for s in waiting.values()
+                )
         _assert_compact(scheduler)
 
-        scheduler.mark_computed(out)
         # The invariant the model runner relies on: once the step's moves are applied and its
         # forward pass has run, every running sequence's K/V, all of it, is in its own slot.
+        planned = {id(chunk.seq): chunk.num_tokens for chunk in out.prefills} | {id(seq): 1 for seq in out.decodes}
         for seq in scheduler.running:
-            assert cache.slots[seq.slot] == (seq.request_id, seq.num_computed_tokens)
-        for seq in [chunk.seq for chunk in out.prefills if chunk.completes_prompt] + out.decodes:
-            assert seq.num_computed_tokens == seq.num_tokens
-            reason = scheduler.append_token(seq, sample(seq))
+            assert cache.slots[seq.slot] == (seq.request_id, seq.num_computed_tokens + planned.get(id(seq), 0))
+        assert all(seq.num_computed_tokens + planned[id(seq)] == seq.num_tokens for seq in out.sampled)
+        for seq, _, reason in scheduler.update_from_output(out, [sample(seq) for seq in out.sampled]):
             if reason is not None:
-                scheduler.finish(seq, reason)
+                assert seq.is_finished and seq.slot == -1
                 del live[seq.request_id]
                 num_finished += 1
                 assert seq.num_output_tokens <= seq.params.max_tokens
@@ -614,56 +611,55 @@ def test_abort_of_a_finished_id_returns_none() -> None:
     assert seq.finish_reason is FinishReason.LENGTH
 
 
-# --- append_token and mark_computed ----------------------------------------------------------
+# --- update_from_output: computed tokens, sampled tokens, stops -----------------------------
 
 
-def _decoding(scheduler: Scheduler, seq: Sequence) -> Sequence:
+def _reasons(scheduler: Scheduler, seq: Sequence, tokens: list[int]) -> list[FinishReason | None]:
+    """Run `seq` alone, sampling `tokens` one per step; the finish reason of each step's token."""
     scheduler.add(seq)
-    scheduler.mark_computed(scheduler.schedule())
-    return seq
+    reasons = []
+    for token in tokens:
+        out = scheduler.schedule()
+        assert out.sampled == [seq]
+        (sampled,) = scheduler.update_from_output(out, [token])
+        reasons.append(sampled.finish_reason)
+        if sampled.finish_reason is not None:
+            break
+    return reasons
 
 
-def test_append_token_stops_on_eos() -> None:
+def test_update_stops_on_eos_and_finishes_the_sequence() -> None:
     scheduler = _scheduler()
-    seq = _decoding(scheduler, _seq("a"))
-    assert scheduler.append_token(seq, TOKEN) is None
-    assert scheduler.append_token(seq, EOS) is FinishReason.STOP
+    seq = _seq("a")
+    assert _reasons(scheduler, seq, [TOKEN, EOS, TOKEN]) == [None, FinishReason.STOP]
     assert seq.output_token_ids == [TOKEN, EOS]
+    assert seq.is_finished and seq.finish_reason is FinishReason.STOP and scheduler.num_running == 0
 
 
-def test_append_token_ignores_eos_with_ignore_eos() -> None:
-    scheduler = _scheduler()
-    seq = _decoding(scheduler, _seq("a", ignore_eos=True))
-    assert scheduler.append_token(seq, EOS) is None
+def test_update_ignores_eos_with_ignore_eos() -> None:
+    assert _reasons(_scheduler(), _seq("a", ignore_eos=True), [EOS, EOS]) == [None, None]
 
 
-def test_append_token_stops_on_a_stop_token_id_even_with_ignore_eos() -> None:
-    scheduler = _scheduler()
-    seq = _decoding(scheduler, _seq("a", ignore_eos=True, stop_token_ids=(77, 78)))
-    assert scheduler.append_token(seq, TOKEN) is None
-    assert scheduler.append_token(seq, 78) is FinishReason.STOP
+def test_update_stops_on_a_stop_token_id_even_with_ignore_eos() -> None:
+    seq = _seq("a", ignore_eos=True, stop_token_ids=(77, 78))
+    assert _reasons(_scheduler(), seq, [TOKEN, 78]) == [None, FinishReason.STOP]
 
 
-def test_append_token_stops_at_max_tokens_with_length() -> None:
-    scheduler = _scheduler()
-    seq = _decoding(scheduler, _seq("a", max_tokens=3))
-    assert [scheduler.append_token(seq, TOKEN) for _ in range(3)] == [None, None, FinishReason.LENGTH]
+def test_update_stops_at_max_tokens_with_length() -> None:
+    assert _reasons(_scheduler(), _seq("a", max_tokens=3), [TOKEN] * 4) == [None, None, FinishReason.LENGTH]
 
 
-def test_append_token_stop_token_at_max_tokens_is_stop() -> None:
-    scheduler = _scheduler()
-    seq = _decoding(scheduler, _seq("a", max_tokens=1))
-    assert scheduler.append_token(seq, EOS) is FinishReason.STOP
+def test_update_stop_token_at_max_tokens_is_stop() -> None:
+    assert _reasons(_scheduler(), _seq("a", max_tokens=1), [EOS]) == [FinishReason.STOP]
 
 
-def test_append_token_stops_at_max_model_len_with_length() -> None:
-    scheduler = _scheduler(max_model_len=10)
-    seq = _decoding(scheduler, _seq("a", num_prompt_tokens=7, max_tokens=100))
-    assert [scheduler.append_token(seq, TOKEN) for _ in range(3)] == [None, None, FinishReason.LENGTH]
+def test_update_stops_at_max_model_len_with_length() -> None:
+    seq = _seq("a", num_prompt_tokens=7, max_tokens=100)
+    assert _reasons(_scheduler(max_model_len=10), seq, [TOKEN] * 4) == [None, None, FinishReason.LENGTH]
     assert seq.num_tokens == 10
 
 
-def test_mark_computed_counts_chunks_and_decodes() -> None:
+def test_update_counts_chunks_and_decodes_as_computed() -> None:
     scheduler = _scheduler(max_num_seqs=4, max_num_batched_tokens=16)
     a = _seq("a", num_prompt_tokens=5)
     long = _seq("long", num_prompt_tokens=30)
@@ -672,15 +668,14 @@ def test_mark_computed_counts_chunks_and_decodes() -> None:
 
     out = scheduler.schedule()
     assert (a.num_computed_tokens, long.num_computed_tokens) == (0, 0)  # planned, not yet run
-    scheduler.mark_computed(out)
+    assert out.sampled == [a]  # long's chunk ends mid-prompt: nothing to sample
+    scheduler.update_from_output(out, [TOKEN])
     assert (a.num_computed_tokens, long.num_computed_tokens) == (5, 11)
-    scheduler.append_token(a, TOKEN)
-
-    scheduler.mark_computed(scheduler.schedule())
-    assert (a.num_computed_tokens, long.num_computed_tokens) == (6, 26)
     # A decoding sequence has every token but the last sampled one in the cache.
-    assert a.num_computed_tokens == a.num_tokens
-    scheduler.append_token(a, TOKEN)
+    assert a.num_computed_tokens == a.num_tokens - 1
+
+    scheduler.update_from_output(scheduler.schedule(), [TOKEN])
+    assert (a.num_computed_tokens, long.num_computed_tokens) == (6, 26)
     assert a.num_computed_tokens == a.num_tokens - 1
 
 

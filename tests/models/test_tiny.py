@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from models import tiny
+from models import tiny, tiny_corpus
 
 # Generous bands around the targets (~2.6M, ~8M, ~100M), tight enough to catch a wrong size.
 PARAM_RANGES = {"s": (2_000_000, 3_500_000), "m": (6_000_000, 10_000_000), "l": (80_000_000, 120_000_000)}
@@ -118,7 +118,7 @@ def test_unicode_round_trips_exactly(tiny_s: Path) -> None:
     rng = random.Random(0)
     astral = "".join(chr(rng.randint(0x10000, 0x10FFFF)) for _ in range(20))
     texts = [
-        tiny.SAMPLE_TEXT,
+        tiny_corpus.SAMPLE_TEXT,
         "  leading, trailing and  double  spaces  \n\n\t",
         "Ünïcödé café 你好世界 こんにちは 👨‍👩‍👧‍👦 🇫🇷 e\u0301 \u200b",
         "".join(chr(i) for i in range(256)),

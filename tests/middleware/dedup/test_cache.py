@@ -79,7 +79,7 @@ def greedy(max_tokens: int, **kw: Any) -> SamplingParams:
 
 
 def key_of(p: list[int], params: SamplingParams, endpoint: str = "chat") -> str:
-    key = request_fingerprint(model=MODEL, endpoint=endpoint, prompts=[p], choices=[params])
+    key = request_fingerprint(model=MODEL, endpoint=endpoint, prompts=[p], choice_params=[params])
     assert key is not None
     return key
 
@@ -137,7 +137,7 @@ def test_fingerprint_covers_everything_that_changes_the_output() -> None:
     assert key == key_of(list(p), greedy(16)) and len(key) == 64
     variants = [
         key_of(p, base, endpoint="completions"),
-        request_fingerprint(model="other", endpoint="chat", prompts=[p], choices=[base]),
+        request_fingerprint(model="other", endpoint="chat", prompts=[p], choice_params=[base]),
         key_of([*p, 5], base),
         key_of(p, greedy(17)),
         key_of(p, greedy(16, stop=("x",))),
@@ -153,19 +153,21 @@ def test_fingerprint_covers_everything_that_changes_the_output() -> None:
 def test_only_determined_single_choice_requests_are_eligible() -> None:
     p = prompt(2)
     sampled_seeded = SamplingParams(max_tokens=8, temperature=0.8, seed=7)
-    assert request_fingerprint(model=MODEL, endpoint="chat", prompts=[p], choices=[sampled_seeded]) is not None
+    assert request_fingerprint(model=MODEL, endpoint="chat", prompts=[p], choice_params=[sampled_seeded]) is not None
     sampled = SamplingParams(max_tokens=8, temperature=0.8)
-    assert request_fingerprint(model=MODEL, endpoint="chat", prompts=[p], choices=[sampled]) is None
+    assert request_fingerprint(model=MODEL, endpoint="chat", prompts=[p], choice_params=[sampled]) is None
     two_choices = [greedy(8, seed=1), greedy(8, seed=2)]
-    assert request_fingerprint(model=MODEL, endpoint="chat", prompts=[p], choices=two_choices) is None
+    assert request_fingerprint(model=MODEL, endpoint="chat", prompts=[p], choice_params=two_choices) is None
     two_prompts = [p, prompt(3)]
-    assert request_fingerprint(model=MODEL, endpoint="completions", prompts=two_prompts, choices=[greedy(8)]) is None
+    assert (
+        request_fingerprint(model=MODEL, endpoint="completions", prompts=two_prompts, choice_params=[greedy(8)]) is None
+    )
 
 
 async def test_cache_control_no_cache_and_a_zero_ttl_bypass() -> None:
     assert wants_fresh({"cache-control": "No-Cache"}) and wants_fresh({"cache-control": "max-age=0, no-store"})
     assert not wants_fresh({"cache-control": "max-age=60"}) and not wants_fresh({})
-    request = {"model": MODEL, "endpoint": "chat", "prompts": [prompt(4)], "choices": [greedy(8)]}
+    request = {"model": MODEL, "endpoint": "chat", "prompts": [prompt(4)], "choice_params": [greedy(8)]}
     cache = DedupCache(ttl=300)
     assert cache.fingerprint({}, **request) is not None  # type: ignore[arg-type]
     assert cache.fingerprint({"cache-control": "no-cache"}, **request) is None  # type: ignore[arg-type]
@@ -267,7 +269,7 @@ async def test_non_deterministic_requests_bypass(engine: AsyncEngine) -> None:
     cache = DedupCache(ttl=300)
     p, params = prompt(13), SamplingParams(max_tokens=8, temperature=0.9)
     start = Starter(engine, p, params)
-    key = cache.fingerprint({}, model=MODEL, endpoint="chat", prompts=[p], choices=[params])
+    key = cache.fingerprint({}, model=MODEL, endpoint="chat", prompts=[p], choice_params=[params])
     assert key is None
     groups = [await cache.run(key, start) for _ in range(2)]
     assert all(isinstance(g, RequestGroup) for g in groups)  # the engine's own group, untouched
@@ -490,4 +492,4 @@ def test_the_fingerprint_keeps_its_canonical_form_across_versions() -> None:
     p, params = prompt(4), greedy(16, stop=("x", "y"), logit_bias={5: 1.5, 2: -3.0}, seed=11)
     canonical = {"v": 1, "model": MODEL, "endpoint": "chat", "prompt": list(p), "params": dataclasses.asdict(params)}
     expected = hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    assert request_fingerprint(model=MODEL, endpoint="chat", prompts=[p], choices=[params]) == expected
+    assert request_fingerprint(model=MODEL, endpoint="chat", prompts=[p], choice_params=[params]) == expected

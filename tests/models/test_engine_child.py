@@ -1,17 +1,18 @@
-"""The engine process's queue figures as the server reads them: never fewer than are waiting."""
+"""models/engine_child.py: the queue figures it reports are never fewer than are waiting, as the server reads them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from models.engine_process import RecordingObserver, _Outbox
+from models.engine_child import RecordingObserver, _Outbox
+from models.engine_messages import StepReport
 
 
 class _Conn:
     def __init__(self) -> None:
-        self.sent: list[tuple[Any, ...]] = []
+        self.sent: list[Any] = []
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: Any) -> None:
         self.sent.append(message)
 
 
@@ -48,6 +49,8 @@ def test_stats_never_miss_a_request_received_while_they_are_read() -> None:
     num_sent = 4  # and a fourth, which arrives while the figures are read
 
     outbox.flush()
-    (_, _, _, stats) = conn.sent[-1]
-    waiting_by_server = stats[1] + max(0, num_sent - stats[7])  # as EngineProcess.num_waiting
+    report = conn.sent[-1]
+    assert isinstance(report, StepReport)
+    stats = report.stats
+    waiting_by_server = stats.num_waiting + max(0, num_sent - stats.num_received)  # as EngineProcess.num_waiting
     assert waiting_by_server >= 4

@@ -1,4 +1,4 @@
-"""The server's side of the engine process (models/engine_client.py) under uvloop, the event loop
+"""The server's side of the engine process (models/engine_process.py) under uvloop, the event loop
 `surge serve` runs on."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import uvloop
 
 from models.async_engine import AsyncEngine
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
-from models.engine_client import EngineProcess
+from models.engine_process import EngineProcess
 from models.sampling_params import SamplingParams
 from models.sequence import FinishReason
 

@@ -29,7 +29,7 @@ from models.observer import NULL_OBSERVER, EngineObserver
 from models.outputs import EngineDeadError, RequestOutput, TokenLogprob
 from models.sampler import Sampler, SamplingRow, make_generator
 from models.sampling_params import SamplingParams
-from models.scheduler import SampledToken, Scheduler, SchedulerOutput
+from models.scheduler import Scheduler, SchedulerOutput
 from models.sequence import FinishReason, Sequence, SequenceStatus
 
 log = logging.getLogger("surge.engine")
@@ -215,10 +215,10 @@ class EngineCore:
         except Exception as exc:
             log.exception("forward pass failed; failing the %d requests of this step", len(plan.sequences))
             return self._fail(plan.sequences, f"the model failed on this batch: {exc!r}")
-        sampled = self.scheduler.update_from_output(plan, token_ids)
+        reasons = self.scheduler.update_from_output(plan, token_ids)
         self.num_steps += 1
         self.observer.on_step(len(plan.decodes) + len(plan.prefills), plan.num_prompt_tokens, len(token_ids))
-        return self._postprocess(sampled, logprobs)
+        return self._postprocess(plan.sampled, token_ids, reasons, logprobs)
 
     def _execute(self, plan: SchedulerOutput) -> tuple[list[int], list[TokenLogprob | None]]:
         if self._faults is not None and self.is_warm:
@@ -233,13 +233,19 @@ class EngineCore:
         result = self.sampler(logits, rows)
         return result.token_ids, result.logprobs
 
-    def _postprocess(self, sampled: list[SampledToken], logprobs: list[TokenLogprob | None]) -> list[RequestOutput]:
+    def _postprocess(
+        self,
+        sampled: list[Sequence],
+        token_ids: list[int],
+        reasons: list[FinishReason | None],
+        logprobs: list[TokenLogprob | None],
+    ) -> list[RequestOutput]:
         """Each sampled token's text (stop strings matched here), timings and output delta."""
         outputs = []
         observer = self.observer
         now = self.clock()
         gaps: list[float] = []
-        for (seq, token_id, reason), logprob in zip(sampled, logprobs, strict=True):
+        for seq, token_id, reason, logprob in zip(sampled, token_ids, reasons, logprobs, strict=True):
             request = self._requests[seq.request_id]
             if seq.num_output_tokens == 1:
                 self.load_stats.record_ttft(now - seq.arrival_time)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from models.config import SchedulerConfig
 from models.sequence import FinishReason, Sequence, SequenceStatus
@@ -49,6 +48,9 @@ class SchedulerOutput:
     prefills: list[PrefillChunk] = field(default_factory=list)
     decodes: list[Sequence] = field(default_factory=list)
     num_slots: int = 0  # slots in use, prefilling ones included
+    # The sequences that get a token this step, in the order the runner returns their logits: the
+    # chunks that complete their prompt, then the decodes.
+    sampled: list[Sequence] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -61,18 +63,6 @@ class SchedulerOutput:
     @property
     def num_prompt_tokens(self) -> int:
         return sum(chunk.num_tokens for chunk in self.prefills)
-
-    @property
-    def sampled(self) -> list[Sequence]:
-        """The sequences that get a token this step, in the order the runner returns their logits:
-        the chunks that complete their prompt, then the decodes."""
-        return [chunk.seq for chunk in self.prefills if chunk.completes_prompt] + self.decodes
-
-
-class SampledToken(NamedTuple):
-    seq: Sequence
-    token_id: int
-    finish_reason: FinishReason | None  # set when the sequence stopped on this token (now finished)
 
 
 class Scheduler:
@@ -144,23 +134,25 @@ class Scheduler:
             self.running.append(seq)
             budget = self._plan_chunk(out, seq, budget, chunk_cap)
         out.num_slots = len(self.running)
+        out.sampled = [chunk.seq for chunk in out.prefills if chunk.completes_prompt] + out.decodes
         return out
 
-    def update_from_output(self, out: SchedulerOutput, token_ids: list[int]) -> list[SampledToken]:
+    def update_from_output(self, out: SchedulerOutput, token_ids: list[int]) -> list[FinishReason | None]:
         """The step's forward pass ran and `token_ids` were sampled, one per `out.sampled` sequence:
         count its tokens as computed, append each sampled token, and finish the sequences that stop
-        on theirs (their slots are free by the next step)."""
+        on theirs (their slots are free by the next step). Returns, per sampled sequence, why it
+        stopped (None: it goes on)."""
         for chunk in out.prefills:
             chunk.seq.num_computed_tokens += chunk.num_tokens
         for seq in out.decodes:
             seq.num_computed_tokens += 1
-        sampled = []
+        reasons = []
         for seq, token_id in zip(out.sampled, token_ids, strict=True):
             reason = self._append_token(seq, token_id)
             if reason is not None:
                 self.finish(seq, reason)
-            sampled.append(SampledToken(seq, token_id, reason))
-        return sampled
+            reasons.append(reason)
+        return reasons
 
     def _append_token(self, seq: Sequence, token_id: int) -> FinishReason | None:
         """Record a sampled token; return why the sequence must stop, if it must."""

@@ -399,7 +399,8 @@ def _check_random_run(seed: int, num_adding_steps: int) -> int:
         for seq in scheduler.running:
             assert cache.slots[seq.slot] == (seq.request_id, seq.num_computed_tokens + planned.get(id(seq), 0))
         assert all(seq.num_computed_tokens + planned[id(seq)] == seq.num_tokens for seq in out.sampled)
-        for seq, _, reason in scheduler.update_from_output(out, [sample(seq) for seq in out.sampled]):
+        reasons = scheduler.update_from_output(out, [sample(seq) for seq in out.sampled])
+        for seq, reason in zip(out.sampled, reasons, strict=True):
             if reason is not None:
                 assert seq.is_finished and seq.slot == -1
                 del live[seq.request_id]
@@ -621,9 +622,9 @@ def _reasons(scheduler: Scheduler, seq: Sequence, tokens: list[int]) -> list[Fin
     for token in tokens:
         out = scheduler.schedule()
         assert out.sampled == [seq]
-        (sampled,) = scheduler.update_from_output(out, [token])
-        reasons.append(sampled.finish_reason)
-        if sampled.finish_reason is not None:
+        (reason,) = scheduler.update_from_output(out, [token])
+        reasons.append(reason)
+        if reason is not None:
             break
     return reasons
 

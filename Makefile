@@ -62,9 +62,9 @@ test: lint typecheck unit
 RELIABILITY_OUT ?= bench-results/reliability
 test-reliability: install-dev
 	@mkdir -p $(RELIABILITY_OUT); status=0; \
-	$(PY) scripts/reliability/overload.py --out $(RELIABILITY_OUT)/overload.md || status=1; \
-	$(PY) scripts/reliability/keys_burst.py --out $(RELIABILITY_OUT)/keys_burst.md || status=1; \
-	$(PY) scripts/reliability/soak.py --out $(RELIABILITY_OUT)/soak.md || status=1; \
+	$(PY) -m scripts.reliability.overload --out $(RELIABILITY_OUT)/overload.md || status=1; \
+	$(PY) -m scripts.reliability.keys_burst --out $(RELIABILITY_OUT)/keys_burst.md || status=1; \
+	$(PY) -m scripts.reliability.soak --out $(RELIABILITY_OUT)/soak.md || status=1; \
 	$(PY) -m pytest -q -m reliability || status=1; \
 	exit $$status
 
@@ -77,11 +77,11 @@ $(VENV)/.installed-bench: $(VENV)/.installed-dev pyproject.toml
 BENCH_ARGS ?= --model-size m --concurrency 1,8,32,64 --rounds 3
 
 bench: $(VENV)/.installed-bench
-	$(PY) scripts/bench.py $(BENCH_ARGS)
+	$(PY) -m scripts.bench $(BENCH_ARGS)
 
 # Serving overhead alone: surge on `--model echo` against a bare Starlette SSE endpoint.
 bench-overhead: install-dev
-	$(PY) scripts/overhead.py
+	$(PY) -m scripts.overhead
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""The `surge` command: `surge serve [...]`, `surge build-tiny --size s|m|l --out DIR`, `surge loadtest [...]`."""
+"""The `surge` command: `surge serve [...]`, `surge build-tiny --size s|m|l --out DIR`."""
 
 from __future__ import annotations
 
@@ -14,11 +14,9 @@ from app.logs import configure_logging
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["loadtest"]:
-        # Forwarded whole: the load tester owns its flags and --help. It runs before app.settings
-        # is imported, so a load client never pays for importing torch.
-        from app.loadtest import main as loadtest
-
-        return loadtest(args_list[1:])
+        # NOTE: the load tester is a client tool, not part of the server: it lives in scripts/.
+        print("surge loadtest is now `python -m scripts.loadtest` (run from a checkout of surge)", file=sys.stderr)
+        return 2
     from app.settings import add_serve_arguments, settings_from_namespace
 
     parser = argparse.ArgumentParser(prog="surge", description="OpenAI-compatible LLM inference server")
@@ -29,7 +27,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     build.add_argument("--size", choices=("s", "m", "l"), default="s")
     build.add_argument("--arch", choices=("llama", "qwen2", "mistral", "gpt2"), default="llama")
     build.add_argument("--out", type=Path, required=True)
-    commands.add_parser("loadtest", help="load-test a running server (surge loadtest --help)")
     args = parser.parse_args(args_list)
 
     if args.command == "build-tiny":

@@ -1,9 +1,9 @@
 """Serving benchmark: streaming load against each system under test, next to the raw decode ceiling.
 
-    .venv/bin/python scripts/bench.py --model-size m --concurrency 32
-    .venv/bin/python scripts/bench.py --smoke --out /tmp/bench.md   # seconds long, for CI
-    .venv/bin/python scripts/bench.py --stack off,memory,redis        # the traffic stack's cost
-    .venv/bin/python scripts/bench.py --systems surge,naive --rate 4 --duration 20   # plus an open loop
+    .venv/bin/python -m scripts.bench --model-size m --concurrency 32
+    .venv/bin/python -m scripts.bench --smoke --out /tmp/bench.md   # seconds long, for CI
+    .venv/bin/python -m scripts.bench --stack off,memory,redis        # the traffic stack's cost
+    .venv/bin/python -m scripts.bench --systems surge,naive --rate 4 --duration 20   # plus an open loop
     make bench                                                        # the bench extra, then the full run
 
 For each concurrency B (default 1,8,32,64), one measurement after another so nothing overlaps:
@@ -46,13 +46,9 @@ import json
 import os
 import platform
 import shlex
-import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -60,31 +56,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
 from tqdm import tqdm
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-# NOTE: the helpers live in scripts/benchkit/; scripts/ is put on the path so that this file works both
-# as `python scripts/bench.py` and when a test loads it by file location.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-if str(REPO_ROOT) not in sys.path:
-    sys.path.append(str(REPO_ROOT))  # models.cpus (no torch: this process stays free of it)
-from benchkit.load import (  # noqa: E402
+from models.cpus import prefill_thread_count  # no torch: this process stays free of it
+from scripts.benchkit.load import (
     DEFAULT_PROMPT_WORDS,
     LoadSpec,
     RequestResult,
     SystemUnderTest,
     arrival_times,
-    percentile,
     run_load,
     stream_chat,
     summarize,
 )
-from benchkit.plots import is_plottable, write_plots  # noqa: E402
-from benchkit.procs import process_tree  # noqa: E402
-from benchkit.report import COLUMNS, VS_OFF_COLUMNS, add_vs_off, format_cell, markdown_table, render  # noqa: E402
-
-from models.cpus import prefill_thread_count  # noqa: E402
+from scripts.benchkit.plots import is_plottable, write_plots
+from scripts.benchkit.report import COLUMNS, VS_OFF_COLUMNS, add_vs_off, format_cell, markdown_table, render
+from scripts.harness.procs import cpu_model
+from scripts.harness.redis_server import RedisServer
+from scripts.harness.servers import REPO_ROOT, ServerProcess
+from scripts.harness.stats import percentile
 
 __all__ = [
     "COLUMNS",
@@ -110,12 +100,6 @@ class Sidecar(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def no_headers() -> dict[str, str]:
     return {}
 
@@ -125,81 +109,41 @@ def idempotency_key_headers() -> dict[str, str]:
     return {"Idempotency-Key": str(uuid.uuid4())}
 
 
-@dataclass
-class RedisServer:
-    """A throwaway `redis-server` on a free loopback port: no persistence, its files in a temp dir."""
+class RedisSidecar:
+    """A throwaway `redis-server` for a stack mode that shares state through Redis."""
 
-    log_path: Path
-    startup_timeout_s: float = 10.0
-    url: str = ""
-    proc: subprocess.Popen[bytes] | None = None
-    tmp_dir: tempfile.TemporaryDirectory[str] | None = None
-    client: Any = None  # a redis.Redis kept on one connection, so the count below includes no handshakes
-    commands_at_start: int | None = None
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.server: RedisServer | None = None
+        self.commands_at_start: int | None = None
 
     def start(self) -> dict[str, str]:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-        import redis  # surge's own dependency; imported here so a plain run does not need it
-
-        port = free_port()
-        self.url = f"redis://127.0.0.1:{port}/0"
-        self.tmp_dir = tempfile.TemporaryDirectory(prefix="bench-redis-")
-        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        argv += ["--dir", self.tmp_dir.name]
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}; log tail:\n{tail}")
-            with contextlib.suppress(redis.RedisError):  # NOTE: a single-connection client connects at once
-                self.client = redis.Redis.from_url(self.url, socket_timeout=2.0, single_connection_client=True)
-                self.commands_at_start = self._commands_processed()
-                return {"redis_url": self.url}
-            time.sleep(0.05)
-        raise RuntimeError(f"redis-server not answering within {self.startup_timeout_s:.0f} s (log: {self.log_path})")
-
-    def _commands_processed(self) -> int:
-        return int(self.client.info("stats")["total_commands_processed"])
+        self.server = RedisServer(log_path=self.log_path)  # raises when redis-server is not installed
+        self.server.start()
+        self.commands_at_start = self.server.commands_processed()
+        return {"redis_url": self.server.url}
 
     def stats(self) -> dict[str, Any]:
         """Commands the server sent Redis (warmup included): evidence that the mode really used Redis."""
-        if self.commands_at_start is None:
+        if self.server is None or self.commands_at_start is None:
             return {}
-        import redis
-
-        with contextlib.suppress(redis.RedisError):
+        with contextlib.suppress(OSError, RuntimeError):
             # minus 1: the INFO that read `commands_at_start` counts once it has run.
-            return {"redis_commands": self._commands_processed() - self.commands_at_start - 1}
+            return {"redis_commands": self.server.commands_processed() - self.commands_at_start - 1}
         return {}
 
     def stop(self) -> None:
-        try:
-            if self.client is not None:
-                self.client.close()
-            if self.proc is not None and self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-        finally:
-            if self.tmp_dir is not None:
-                self.tmp_dir.cleanup()
-                self.tmp_dir = None
+        if self.server is not None:
+            self.server.stop()
 
 
 @dataclass
-class ServerProcess:
-    """An OpenAI-compatible server run as a subprocess on a free port; ready when `ready_path` says 200.
+class BenchServer:
+    """An OpenAI-compatible server under test: a harness `ServerProcess` (argv may hold `{port}` and
+    the fields its sidecars' `start()` return) with what the load runner needs to talk to it.
 
-    `argv` may contain `{port}` and the fields its sidecars' `start()` return. argv[0] must be the
-    server itself (no wrapper shell), so that the pid's VmHWM is the server's peak RSS.
+    NOTE: each in a session of its own (scripts/harness/servers.py), as a server on its own machine:
+    the kernel's autogroup then shares the CPU between it and the load client as two groups.
     """
 
     name: str
@@ -212,61 +156,43 @@ class ServerProcess:
     sidecars: list[Sidecar] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     startup_timeout_s: float = 300.0
-    base_url: str = ""
-    proc: subprocess.Popen[bytes] | None = None
+    process: ServerProcess | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self.process.url if self.process is not None else ""
 
     def start(self) -> None:
-        fields = {"port": str(free_port())}
+        fields: dict[str, str] = {}
         for sidecar in self.sidecars:
             fields |= sidecar.start()
-        self.base_url = f"http://127.0.0.1:{fields['port']}"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            argv = [arg.format(**fields) for arg in self.argv]
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=REPO_ROOT,
-                env={**os.environ, **self.env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before ready; log tail:\n{tail}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.base_url + self.ready_path, timeout=2.0).status_code == 200:
-                    return
-            time.sleep(0.25)
-        raise RuntimeError(f"{self.name} not ready within {self.startup_timeout_s:.0f} s (log: {self.log_path})")
+        self.process = ServerProcess(
+            self.name,
+            self.argv,
+            self.log_path,
+            ready_path=self.ready_path,
+            env={**os.environ, **self.env},
+            fields=fields,
+            ready_timeout_s=self.startup_timeout_s,
+            own_session=True,
+        )
+        self.process.start()
 
     def peak_rss_mib(self) -> float | None:
         """The server's peak RSS: the sum of each of its processes' peaks (surge's engine runs in
         a child process; children are read while the server runs)."""
-        if self.proc is None:
+        if self.process is None:
             return None
-        total_kib = 0
-        for pid in process_tree(self.proc.pid):
-            with contextlib.suppress(OSError):
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        total_kib += int(line.split()[1])
-        return total_kib / 1024 if total_kib else None
+        peak = self.process.peak_rss_bytes()
+        return peak / 2**20 if peak else None
 
     def stats(self) -> dict[str, Any]:
         return {key: value for sidecar in self.sidecars for key, value in sidecar.stats().items()}
 
     def stop(self) -> None:
         try:
-            if self.proc is not None and self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+            if self.process is not None:
+                self.process.stop()
         finally:
             for sidecar in reversed(self.sidecars):  # after the server, which may still be talking to them
                 sidecar.stop()
@@ -302,7 +228,7 @@ STACK_MODES = {
 
 def surge_server(
     model_dir: Path, concurrency: int, args: argparse.Namespace, stack: StackMode | None = None
-) -> ServerProcess:
+) -> BenchServer:
     """`surge serve` as the bench runs it; `stack=None` is the plain run at the server's defaults."""
     argv = [sys.executable, "-m", "app.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1"]
     argv += ["--port", "{port}", "--num-threads", str(args.threads), "--max-num-seqs", str(max(concurrency, 32))]
@@ -315,12 +241,12 @@ def surge_server(
     argv += ["--log-level", "warning", *args.surge_arg]
     if stack is None:
         log_path = args.out.parent / f"surge-c{concurrency}.log"
-        return ServerProcess("surge", argv, str(model_dir), log_path, request_extras={"ignore_eos": True})
+        return BenchServer("surge", argv, str(model_dir), log_path, request_extras={"ignore_eos": True})
     log_path = args.out.parent / f"surge-{stack.name}-c{concurrency}.log"
     sidecars: list[Sidecar] = []
     if stack.uses_redis:
-        sidecars.append(RedisServer(args.out.parent / f"redis-{stack.name}-c{concurrency}.log"))
-    return ServerProcess(
+        sidecars.append(RedisSidecar(args.out.parent / f"redis-{stack.name}-c{concurrency}.log"))
+    return BenchServer(
         f"surge[{stack.name}]",
         argv,
         str(model_dir),
@@ -341,7 +267,7 @@ def transformers_serve_installed() -> bool:
     return transformers_cli().exists() and all(importlib.util.find_spec(name) for name in modules)
 
 
-def transformers_server(model_dir: Path, concurrency: int, args: argparse.Namespace) -> ServerProcess:
+def transformers_server(model_dir: Path, concurrency: int, args: argparse.Namespace) -> BenchServer:
     """`transformers serve --continuous-batching`, with its best CPU settings.
 
     Its defaults cost about 14 s on the first request and 6-9 GB; a 1024-token batch and a small KV
@@ -356,15 +282,15 @@ def transformers_server(model_dir: Path, concurrency: int, args: argparse.Namesp
     # torch reads OMP_NUM_THREADS at import: the same thread count as surge's --num-threads.
     env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads)}
     log_path = args.out.parent / f"transformers-c{concurrency}.log"
-    return ServerProcess("transformers", argv, str(model_dir), log_path, ready_path="/v1/models", env=env)
+    return BenchServer("transformers", argv, str(model_dir), log_path, ready_path="/v1/models", env=env)
 
 
-def naive_server(model_dir: Path, concurrency: int, args: argparse.Namespace) -> ServerProcess:
+def naive_server(model_dir: Path, concurrency: int, args: argparse.Namespace) -> BenchServer:
     """scripts/naive_server.py: FastAPI calling `model.generate` for one request at a time."""
-    argv = [sys.executable, str(REPO_ROOT / "scripts" / "naive_server.py"), "--model", str(model_dir)]
+    argv = [sys.executable, "-m", "scripts.naive_server", "--model", str(model_dir)]
     argv += ["--port", "{port}", "--num-threads", str(args.threads)]
     log_path = args.out.parent / f"naive-c{concurrency}.log"
-    return ServerProcess(
+    return BenchServer(
         "naive", argv, str(model_dir), log_path, ready_path="/health", request_extras={"ignore_eos": True}
     )
 
@@ -374,7 +300,7 @@ SYSTEMS = ("surge", "transformers", "naive")
 
 def make_server(
     system: str, model_dir: Path, concurrency: int, args: argparse.Namespace, stack: StackMode | None = None
-) -> ServerProcess:
+) -> BenchServer:
     """The server one `--systems` name stands for (`stack` applies to surge only)."""
     if system == "transformers":
         return transformers_server(model_dir, concurrency, args)
@@ -521,7 +447,7 @@ def run_python(argv: list[str], what: str) -> str:
 def run_ceiling(model_dir: Path, batch: int, threads: int, new_tokens: int, prefill_threads: int) -> dict[str, Any]:
     params = {"model_dir": str(model_dir), "batch": batch, "threads": threads, "new_tokens": new_tokens, "runs": 2}
     params["prefill_threads"] = prefill_threads
-    out = run_python([str(Path(__file__).resolve()), "--ceiling-worker", json.dumps(params)], "the ceiling run")
+    out = run_python(["-m", "scripts.bench", "--ceiling-worker", json.dumps(params)], "the ceiling run")
     return dict(json.loads(out))
 
 
@@ -535,10 +461,7 @@ def ensure_model(size: str, cache_dir: Path) -> Path:
 
 
 def machine_info() -> dict[str, Any]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError, StopIteration):
-        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-        cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    cpu = cpu_model()
     torch_version = run_python(["-c", "import torch; print(torch.__version__)"], "importing torch")
     python = platform.python_version()
     return {"nproc": os.cpu_count(), "cpu": cpu, "torch": torch_version, "python": python, "loadavg": os.getloadavg()}

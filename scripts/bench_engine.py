@@ -11,8 +11,8 @@ part of `make bench` that the engine alone decides; ratios within a round are th
 read (the VM drifts from minute to minute). Against the serving benchmark's ratios, the
 difference is what HTTP, the load client and their share of the cores cost.
 
-    .venv/bin/python scripts/bench_engine.py --model-size m --concurrency 32 --rounds 3
-    python3 scripts/bench_engine.py --device cuda --dtype bfloat16 --model-size l
+    .venv/bin/python -m scripts.bench_engine --model-size m --concurrency 32 --rounds 3
+    python3 -m scripts.bench_engine --device cuda --dtype bfloat16 --model-size l
 
 NOTE: on CUDA no explicit synchronize is needed around the closed loop: the sampler copies
 each step's tokens to the host (`.tolist()`) before the engine publishes them, so every
@@ -31,20 +31,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from models.config import ModelConfig, SchedulerConfig  # noqa: E402
-from models.cpus import prefill_thread_count  # noqa: E402
-from models.engine import EngineCore  # noqa: E402
-from models.loader import LoadedModel, load_model  # noqa: E402
-from models.model_runner import ModelRunner  # noqa: E402
-from models.outputs import RequestOutput  # noqa: E402
-from models.sampling_params import SamplingParams  # noqa: E402
-from models.tiny import ensure_tiny  # noqa: E402
-from scripts.bench import ceiling_worker  # noqa: E402
+from models.config import ModelConfig, SchedulerConfig
+from models.cpus import prefill_thread_count
+from models.engine import EngineCore
+from models.loader import LoadedModel, load_model
+from models.model_runner import ModelRunner
+from models.outputs import RequestOutput
+from models.sampling_params import SamplingParams
+from models.tiny import ensure_tiny
+from scripts.bench import ceiling_worker
 
 RUNNERS = ("packed", "split")
 

@@ -9,7 +9,7 @@
 # only its own step and the script always goes on to the next:
 #   (a) tests/models/test_model_runner.py and test_architectures.py with SURGE_TEST_DEVICE    -> pytest.log
 #   (b) `surge serve` on the tiny m model, default dtype, driven by the openai SDK; /metrics   -> serve.log
-#   (c) scripts/bench_engine.py on m and l                                                    -> bench_engine.log
+#   (c) python -m scripts.bench_engine on m and l                                                    -> bench_engine.log
 # Versions, nvidia-smi and one line per step (exit status, seconds) go to device_check.log.
 # Every step's timeout is also cut to what is left of BUDGET seconds, so the whole run ends in time.
 #
@@ -215,12 +215,12 @@ grep -E "^(PASS|FAIL|INFO|client:)" "$SERVE_LOG"
 # --- (c) the engine alone: packed vs split vs the raw ceiling -------------------------------------
 BENCH_LOG="$OUT/bench_engine.log"
 if [ "$QUICK" = 1 ]; then
-  step bench-s 90 "$BENCH_LOG" "$PYTHON" scripts/bench_engine.py --device "$DEVICE" --model-dir "$MODELS/s" \
+  step bench-s 90 "$BENCH_LOG" "$PYTHON" -m scripts.bench_engine --device "$DEVICE" --model-dir "$MODELS/s" \
     --concurrency 4 --requests 8 --max-tokens 6 --rounds 1 --ramp 1
 else
-  step bench-m 75 "$BENCH_LOG" "$PYTHON" scripts/bench_engine.py --device "$DEVICE" --model-dir "$MODELS/m" \
+  step bench-m 75 "$BENCH_LOG" "$PYTHON" -m scripts.bench_engine --device "$DEVICE" --model-dir "$MODELS/m" \
     --concurrency 32 --requests 96 --max-tokens 64 --rounds 3
-  step bench-l-bf16 75 "$BENCH_LOG" "$PYTHON" scripts/bench_engine.py --device "$DEVICE" --dtype bfloat16 \
+  step bench-l-bf16 75 "$BENCH_LOG" "$PYTHON" -m scripts.bench_engine --device "$DEVICE" --dtype bfloat16 \
     --model-dir "$MODELS/l" --concurrency 32 --requests 64 --max-tokens 64 --rounds 2
 fi
 grep -E "^(\||packed|ceiling|model )" "$BENCH_LOG"

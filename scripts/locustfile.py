@@ -10,7 +10,7 @@ then carry three rows per request (request_type / name):
 - `E2E chat (stream)`: until the stream ended (`data: [DONE]`), with the completion tokens as its length.
 A non-200 status, an error event or a stream without a finish_reason counts as a failure.
 Environment: SURGE_API_KEY (Bearer key), SURGE_MODEL_NAME (default: the first id in /v1/models).
-`surge loadtest` (scripts/loadtest.py) is the lighter tool with percentiles and a plot built in.
+`python -m scripts.loadtest` is the lighter tool with percentiles and a plot built in.
 """
 
 from __future__ import annotations

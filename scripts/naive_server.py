@@ -1,6 +1,6 @@
 """The naive baseline for `scripts/bench.py`: FastAPI calling `model.generate` for one request at a time.
 
-    .venv/bin/python scripts/naive_server.py --model DIR --port 8001 [--num-threads 1]
+    .venv/bin/python -m scripts.naive_server --model DIR --port 8001 [--num-threads 1]
 
 This is the "synchronous" design the field started from, kept deliberately simple so the benchmark
 measures the design and not a strawman: one model, one lock, one `generate()` at a time; tokens

@@ -1,7 +1,7 @@
 """Serving overhead without a model: surge on `--model echo` against a bare Starlette SSE endpoint.
 
-    .venv/bin/python scripts/overhead.py                     # 32 streams x 256 events, 16 rounds
-    .venv/bin/python scripts/overhead.py --smoke             # seconds long, for CI and the tests
+    .venv/bin/python -m scripts.overhead                     # 32 streams x 256 events, 16 rounds
+    .venv/bin/python -m scripts.overhead --smoke             # seconds long, for CI and the tests
 
 Two servers, one after the other, each in its own process under the same load:
 - `surge`: `surge serve --model echo`, whose forward pass costs nothing, so what is measured is
@@ -26,13 +26,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import resource
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -40,11 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from benchkit.procs import process_tree  # scripts/ is on sys.path: this file runs as a script
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from scripts.harness.servers import REPO_ROOT, ServerProcess, surge_argv
+
 MODEL_NAME = "echo"
-STARTUP_TIMEOUT_S = 120.0
 # The echo model's text (models/echo.py) is a few short tokens; the bare server sends one of
 # these per content event so its payloads are the same size.
 BARE_TOKENS = (" surge", " echo", " streams", " tokens", ".")
@@ -101,77 +96,15 @@ def serve_bare(port: int) -> None:
 # --- servers under test ------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class Server:
-    name: str
-    argv: list[str]
-    log_path: Path
-    port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [*self.argv, "--port", str(self.port)],
-                cwd=REPO_ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before ready:\n{tail}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.base_url + "/ready", timeout=2.0).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.name} not ready within {STARTUP_TIMEOUT_S:.0f} s (log: {self.log_path})")
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU seconds of the server so far, its child processes included (surge's
-        engine runs in one), from Linux /proc."""
-        if self.proc is None:
-            return 0.0
-        total = 0.0
-        for pid in process_tree(self.proc.pid):
-            with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return total
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def surge_server(args: argparse.Namespace) -> Server:
-    argv = [sys.executable, "-m", "app.cli", "serve", "--model", "echo", "--host", "127.0.0.1"]
+def surge_server(args: argparse.Namespace) -> ServerProcess:
     # Per-request access-log lines are work a production deployment would not do (as in bench.py).
-    argv += ["--max-num-seqs", str(max(args.concurrency, 1)), "--log-level", "warning", *args.surge_arg]
-    return Server("surge", argv, args.log_dir / "surge-echo.log", free_port())
+    argv = surge_argv("echo", "--max-num-seqs", str(max(args.concurrency, 1)), "--log-level", "warning")
+    return ServerProcess("surge", [*argv, *args.surge_arg], args.log_dir / "surge-echo.log", own_session=True)
 
 
-def bare_server(args: argparse.Namespace) -> Server:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--serve-bare"]
-    return Server("bare", argv, args.log_dir / "bare-starlette.log", free_port())
+def bare_server(args: argparse.Namespace) -> ServerProcess:
+    argv = [sys.executable, "-m", "scripts.overhead", "--serve-bare", "--port", "{port}"]
+    return ServerProcess("bare", argv, args.log_dir / "bare-starlette.log", own_session=True)
 
 
 # --- the load ----------------------------------------------------------------------------------
@@ -236,16 +169,16 @@ async def run_load(base_url: str, concurrency: int, rounds: int, max_tokens: int
     return sum(t[0] for t in totals), sum(t[1] for t in totals), sum(t[2] for t in totals)
 
 
-def measure(server: Server, args: argparse.Namespace) -> Result:
+def measure(server: ServerProcess, args: argparse.Namespace) -> Result:
     server.start()
     try:
         # Warm the connection pool and both servers' code paths before timing.
-        asyncio.run(run_load(server.base_url, args.concurrency, 1, min(args.max_tokens, 16), "warmup"))
+        asyncio.run(run_load(server.url, args.concurrency, 1, min(args.max_tokens, 16), "warmup"))
         client_cpu = _own_cpu_seconds()
         server_cpu = server.cpu_seconds()
         started = time.perf_counter()
         events, requests, errors = asyncio.run(
-            run_load(server.base_url, args.concurrency, args.rounds, args.max_tokens, "timed")
+            run_load(server.url, args.concurrency, args.rounds, args.max_tokens, "timed")
         )
         seconds = time.perf_counter() - started
         return Result(

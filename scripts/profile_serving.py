@@ -1,7 +1,7 @@
 """Where surge's CPU goes while it serves the benchmark's load: py-spy on both of its processes.
 
-    .venv/bin/python scripts/profile_serving.py                    # m model, 32 streams, 20 s
-    .venv/bin/python scripts/profile_serving.py --concurrency 64 --out docs/bench/profile-m-64.md
+    .venv/bin/python -m scripts.profile_serving                    # m model, 32 streams, 20 s
+    .venv/bin/python -m scripts.profile_serving --concurrency 64 --out docs/bench/profile-m-64.md
 
 A fresh `surge serve --model tiny` (the m model); `scripts/bench.py`'s closed-loop client (N
 streaming chats, ~32-token prompts, 64 new tokens, greedy, ignore_eos) runs until `--seconds`
@@ -31,9 +31,10 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo root
 from scripts.benchkit.load import LoadSpec, run_load
-from scripts.reliability.common import CpuMeter, cpu_seconds, labelled, machine_line, scrape, surge_server
+from scripts.harness.procs import cpu_seconds, machine_line
+from scripts.harness.servers import surge_server
+from scripts.reliability.common import CpuMeter, labelled, scrape
 
 CHAT = "/v1/chat/completions"
 OWN_CODE = ("(app/", "(models/", "(middleware/")  # frames of these files are surge's own (paths as _short gives)
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"## Profile: surge serving {args.concurrency} streams",
         "",
-        f"Command: `python scripts/profile_serving.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
+        f"Command: `python -m scripts.profile_serving {' '.join(sys.argv[1:] if argv is None else argv)}`",
         f"Machine: {machine_line()}; model {args.model}; {args.max_tokens} new tokens per request; "
         f"{args.seconds:g} s window; py-spy at {args.rate} Hz.",
         f"CPU cores used over the window: {', '.join(f'{k} {v:.2f}' for k, v in cores.items())}, "

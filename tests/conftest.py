@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.redis_server import RedisServer
+from scripts.harness.redis_server import RedisServer
 
 # No test may reach a model hub: everything is built locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

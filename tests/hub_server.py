@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
 
-from tests.service import Service
+from scripts.harness.service import Service
 
 REPO_ID = "surge-test/tiny"
 COMMIT_SHA = "0123456789abcdef0123456789abcdef01234567"  # the one commit the fake repository has

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from multiprocessing.sharedctypes import Synchronized
 
-from tests.service import Service
+from scripts.harness.service import Service
 
 CHUNK_BYTES = 65536
 _CTX = multiprocessing.get_context("spawn")

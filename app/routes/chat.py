@@ -3,30 +3,23 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from app.body import documented_body, json_body
-from app.generation import (
-    ChoiceResult,
-    ClientDisconnected,
-    chat_logprobs_json,
-    check_model,
-    check_text_fits,
-    collect,
-    finish_reason_text,
-    sampling_params,
-    unless_disconnected,
-)
+from app.collect import ChoiceResult, ClientDisconnected, collect, unless_disconnected
 from app.pipeline import start_generation
+from app.render import chat_logprobs_json, finish_reason_text
 from app.schemas import ChatChunkEncoder, ChatCompletionRequest, Usage, new_chat_completion_id
-from app.sse import DONE, KEEPALIVE, LastEvents, error_event, event, sse_response
+from app.sse import event, sse_response
 from app.state import generation_inputs
+from app.streaming import stream_events
+from app.validation import check_model, check_text_fits, sampling_params
 from middleware.errors import invalid_request
 from models.async_engine import AsyncEngine
-from models.outputs import OutputSource
+from models.outputs import RequestOutput
+from models.tokenizer import Tokenizer
 
 router = APIRouter()
 _parse_body = json_body(ChatCompletionRequest)
@@ -54,8 +47,15 @@ async def create_chat_completion(request: Request) -> Response:
         encoder = ChatChunkEncoder(
             completion_id=completion_id, model=body.model, created=created, include_usage=body.include_usage
         )
+        events = stream_events(
+            group,
+            _ChatChunks(encoder, engine.tokenizer),
+            len(prompt),
+            state.settings.keepalive_seconds,
+            body.include_usage,
+        )
         return sse_response(
-            _stream(group, encoder, engine, len(prompt), state.settings.keepalive_seconds, body.include_usage),
+            events,
             headers,
             on_close=lambda: group.__aexit__(None, None, None),
         )
@@ -97,41 +97,23 @@ def _response_body(
     }
 
 
-async def _stream(
-    group: OutputSource,
-    encoder: ChatChunkEncoder,
-    engine: AsyncEngine,
-    num_prompt: int,
-    keepalive: float,
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    num_completion = 0
-    # The role chunk goes out with the first tokens (as vLLM's does), the last tokens with the
-    # usage and [DONE]: fewer writes per stream (app/sse.py, LastEvents).
-    role = b"".join(event(encoder.role(i)) for i in range(len(group.request_ids)))
-    last = b""
-    async with group:
-        while not group.finished:
-            outputs = await group.next_outputs(keepalive)
-            if not outputs:
-                yield KEEPALIVE
-                continue
-            parts: list[bytes] = [role]
-            role = b""
-            for out in outputs:
-                if out.error is not None:
-                    yield LastEvents(b"".join(parts) + error_event(out.error) + DONE)
-                    return
-                index = group.index[out.request_id]
-                num_completion += len(out.token_ids)
-                logprobs = chat_logprobs_json(engine.tokenizer, out.logprobs) if out.logprobs else None
-                if out.text or logprobs:
-                    parts.append(event(encoder.delta(index, out.text, logprobs=logprobs)))
-                if out.finished:
-                    parts.append(event(encoder.delta(index, None, finish_reason=finish_reason_text(out.finish_reason))))
-            if group.finished:
-                last = b"".join(parts)
-            else:
-                yield b"".join(parts)
-    tail = event(encoder.usage(Usage.of(num_prompt, num_completion))) if include_usage else b""
-    yield LastEvents(role + last + tail + DONE)
+class _ChatChunks:
+    """A chat stream's chunks: the role first, then content deltas with their logprobs, then the finish."""
+
+    def __init__(self, encoder: ChatChunkEncoder, tokenizer: Tokenizer) -> None:
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.usage = encoder.usage
+
+    def opening(self, num_choices: int) -> bytes:
+        return b"".join(event(self.encoder.role(i)) for i in range(num_choices))
+
+    def render(self, index: int, output: RequestOutput) -> bytes:
+        logprobs = chat_logprobs_json(self.tokenizer, output.logprobs) if output.logprobs else None
+        events = b""
+        if output.text or logprobs:
+            events = event(self.encoder.delta(index, output.text, logprobs=logprobs))
+        if output.finished:
+            reason = finish_reason_text(output.finish_reason)
+            events += event(self.encoder.delta(index, None, finish_reason=reason))
+        return events

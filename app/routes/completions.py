@@ -3,28 +3,21 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from app.body import documented_body, json_body
-from app.generation import (
-    ChoiceResult,
-    ClientDisconnected,
-    check_model,
-    check_text_fits,
-    collect,
-    finish_reason_text,
-    sampling_params,
-    unless_disconnected,
-)
+from app.collect import ChoiceResult, ClientDisconnected, collect, unless_disconnected
 from app.pipeline import start_generation
-from app.schemas import CompletionChunkEncoder, CompletionRequest, Usage, completion_logprobs, new_completion_id
-from app.sse import DONE, KEEPALIVE, LastEvents, error_event, event, sse_response
+from app.render import completion_logprobs_json, finish_reason_text
+from app.schemas import CompletionChunkEncoder, CompletionRequest, Usage, new_completion_id
+from app.sse import event, sse_response
 from app.state import generation_inputs
+from app.streaming import stream_events
+from app.validation import check_model, check_text_fits, sampling_params
 from middleware.errors import invalid_request
-from models.outputs import OutputSource, TokenLogprob
+from models.outputs import RequestOutput
 from models.tokenizer import Tokenizer
 
 router = APIRouter()
@@ -63,8 +56,15 @@ async def create_completion(request: Request) -> Response:
         encoder = CompletionChunkEncoder(
             completion_id=completion_id, model=body.model, created=created, include_usage=body.include_usage
         )
+        events = stream_events(
+            group,
+            _CompletionChunks(encoder, engine.tokenizer, len(group.request_ids)),
+            num_prompt,
+            state.settings.keepalive_seconds,
+            body.include_usage,
+        )
         return sse_response(
-            _stream(group, encoder, engine.tokenizer, num_prompt, state.settings.keepalive_seconds, body.include_usage),
+            events,
             headers,
             on_close=lambda: group.__aexit__(None, None, None),
         )
@@ -77,16 +77,6 @@ async def create_completion(request: Request) -> Response:
         _response_body(completion_id, created, body.model, results, engine.tokenizer, num_prompt, want_logprobs),
         headers=headers,
     )
-
-
-def _logprobs(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob], offset: int) -> dict[str, object]:
-    tokens = [tokenizer.token_text(lp.token_id) for lp in logprobs]
-    offsets, position = [], offset
-    for token in tokens:
-        offsets.append(position)
-        position += len(token)
-    top = [[(tokenizer.token_text(alt), alt_lp) for alt, alt_lp in lp.top] for lp in logprobs]
-    return completion_logprobs(tokens, [lp.logprob for lp in logprobs], top, offsets)
 
 
 def _response_body(
@@ -107,7 +97,7 @@ def _response_body(
             {
                 "index": i,
                 "text": "".join(r.text),
-                "logprobs": _logprobs(tokenizer, r.logprobs, 0) if want_logprobs else None,
+                "logprobs": completion_logprobs_json(tokenizer, r.logprobs, 0) if want_logprobs else None,
                 "finish_reason": finish_reason_text(r.finish_reason),
             }
             for i, r in enumerate(results)
@@ -116,38 +106,25 @@ def _response_body(
     }
 
 
-async def _stream(
-    group: OutputSource,
-    encoder: CompletionChunkEncoder,
-    tokenizer: Tokenizer,
-    num_prompt: int,
-    keepalive: float,
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    num_completion = 0
-    offsets = [0] * len(group.request_ids)
-    last = b""  # the last tokens go out with the usage and [DONE] (app/sse.py, LastEvents)
-    async with group:
-        while not group.finished:
-            outputs = await group.next_outputs(keepalive)
-            if not outputs:
-                yield KEEPALIVE
-                continue
-            parts: list[bytes] = []
-            for out in outputs:
-                if out.error is not None:
-                    yield LastEvents(b"".join(parts) + error_event(out.error) + DONE)
-                    return
-                index = group.index[out.request_id]
-                num_completion += len(out.token_ids)
-                logprobs = _logprobs(tokenizer, out.logprobs, offsets[index]) if out.logprobs else None
-                offsets[index] += len(out.text)
-                if out.text or logprobs or out.finished:
-                    reason = finish_reason_text(out.finish_reason)
-                    parts.append(event(encoder.text(index, out.text, logprobs=logprobs, finish_reason=reason)))
-            if group.finished:
-                last = b"".join(parts)
-            else:
-                yield b"".join(parts)
-    tail = event(encoder.usage(Usage.of(num_prompt, num_completion))) if include_usage else b""
-    yield LastEvents(last + tail + DONE)
+class _CompletionChunks:
+    """A legacy completion stream's chunks: text with its logprobs (offsets run on per choice) and
+    the finish in one chunk."""
+
+    def __init__(self, encoder: CompletionChunkEncoder, tokenizer: Tokenizer, num_choices: int) -> None:
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.usage = encoder.usage
+        self.offsets = [0] * num_choices  # characters of each choice's text so far
+
+    def opening(self, num_choices: int) -> bytes:
+        return b""
+
+    def render(self, index: int, output: RequestOutput) -> bytes:
+        logprobs = (
+            completion_logprobs_json(self.tokenizer, output.logprobs, self.offsets[index]) if output.logprobs else None
+        )
+        self.offsets[index] += len(output.text)
+        if not (output.text or logprobs or output.finished):
+            return b""
+        reason = finish_reason_text(output.finish_reason)
+        return event(self.encoder.text(index, output.text, logprobs=logprobs, finish_reason=reason))

@@ -7,8 +7,8 @@ import time
 from fastapi import APIRouter, Depends
 from starlette.responses import JSONResponse, Response
 
-from app.generation import check_model
 from app.state import RETRY_AFTER_SECONDS, ServerState, get_state
+from app.validation import check_model
 
 router = APIRouter()
 

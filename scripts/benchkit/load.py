@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .rawhttp import RawHttpClient, RawHttpError
+from scripts.benchkit.rawhttp import RawHttpClient, RawHttpError
+from scripts.harness.stats import percentile
 
 REQUEST_TIMEOUT_S = 600.0  # one request, first byte to last
 # 8 words come to 27-38 (mean 32) prompt tokens with the tiny model's tokenizer and ChatML template.
@@ -170,16 +171,6 @@ async def run_load(
     finally:
         await client.aclose()
     return results, wall_s, cpu_s
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    low, high = int(pos), min(int(pos) + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def summarize(results: list[RequestResult], wall_s: float) -> dict[str, Any]:

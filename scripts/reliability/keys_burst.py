@@ -1,7 +1,7 @@
 """A burst from many API keys: per-key limits hold, and one noisy key starves nobody.
 
-    .venv/bin/python scripts/reliability/keys_burst.py           # full: 60 s
-    .venv/bin/python scripts/reliability/keys_burst.py --fast    # seconds (tests/scripts)
+    .venv/bin/python -m scripts.reliability.keys_burst           # full: 60 s
+    .venv/bin/python -m scripts.reliability.keys_burst --fast    # seconds (tests/scripts)
 
 A `--keys-file` of ten keys, each with its own limits:
 - eight quiet keys, rpm 120-260, each sending Poisson arrivals at `quiet_rate` (1 req/s, about
@@ -32,17 +32,15 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root
-from app.loadtest.workload import WORD_POOL, poisson_arrivals
+from scripts.harness.chat import ChatAttempt, send_chat
+from scripts.harness.procs import load_average, machine_line
+from scripts.harness.servers import surge_server
+from scripts.loadtest.workload import WORD_POOL, poisson_arrivals
 from scripts.reliability.common import (
-    Attempt,
     Criterion,
+    all_passed,
     chat_body,
-    chat_once,
-    load_average,
-    machine_line,
     render_report,
-    surge_server,
     write_report,
 )
 
@@ -86,10 +84,10 @@ FAST = BurstConfig(duration_s=10.0, tokens_tpm=300)
 @dataclass
 class KeyOutcome:
     spec: KeySpec
-    attempts: list[Attempt] = field(default_factory=list)
+    attempts: list[ChatAttempt] = field(default_factory=list)
 
     @property
-    def ok(self) -> list[Attempt]:
+    def ok(self) -> list[ChatAttempt]:
         return [a for a in self.attempts if a.is_ok]
 
     @property
@@ -134,7 +132,9 @@ async def drive(config: BurstConfig, api: str, model: str) -> list[KeyOutcome]:
                 await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
                 prompt = " ".join([f"{run_id}-{index}-{serial}:", *rng.choices(WORD_POOL, k=config.prompt_words)])
                 body = chat_body(model, prompt, config.max_tokens, is_streaming=False)
-                tasks.append(asyncio.create_task(chat_once(client, f"{api}/chat/completions", body, t0, headers)))
+                tasks.append(
+                    asyncio.create_task(send_chat(client, f"{api}/chat/completions", body, t0=t0, headers=headers))
+                )
             outcome.attempts = list(await asyncio.gather(*tasks))
 
         await asyncio.gather(*(one_key(i, outcome) for i, outcome in enumerate(outcomes)))
@@ -243,9 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     outcomes, context = asyncio.run(run_burst(config, directory))
     criteria = evaluate(config, outcomes)
-    command = "python scripts/reliability/keys_burst.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m scripts.reliability.keys_burst " + " ".join(sys.argv[1:] if argv is None else argv)
     write_report(render(config, outcomes, criteria, [f"Command: `{command.strip()}`", *context]), args.out)
-    return 0 if all(c.passed for c in criteria) else 1
+    return 0 if all_passed(criteria) else 1
 
 
 if __name__ == "__main__":

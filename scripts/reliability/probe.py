@@ -1,6 +1,6 @@
 """A light probe in its own process: how long a refusal takes, seen by a client that is not busy.
 
-    python scripts/reliability/probe.py      # then one line on stdin: {"url", "rate", "duration_s", "body"}
+    python -m scripts.reliability.probe      # then one line on stdin: {"url", "rate", "duration_s", "body"}
 
 The overload driver's own client runs hundreds of streams on one event loop; on a 2-core machine
 its loop lags, and a 503 it measures includes that lag. This process only sends a request every

@@ -1,7 +1,7 @@
 """Soak: minutes of mixed load, and what is left behind: memory, errors, busy gauges.
 
-    .venv/bin/python scripts/reliability/soak.py                 # full: 20 minutes after warm-up
-    .venv/bin/python scripts/reliability/soak.py --fast          # ~20 s (tests/scripts)
+    .venv/bin/python -m scripts.reliability.soak                 # full: 20 minutes after warm-up
+    .venv/bin/python -m scripts.reliability.soak --fast          # ~20 s (tests/scripts)
 
 `users` closed-loop clients, each picking its next request from a mix: streamed, JSON, an
 idempotent request and its retry with the same `Idempotency-Key` (at once, which may get a 409
@@ -37,21 +37,17 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root
-from app.loadtest.workload import WORD_POOL
+from scripts.harness.chat import ChatAttempt, send_chat
+from scripts.harness.procs import load_average, machine_line, rss_bytes
+from scripts.harness.servers import ServerProcess, surge_server
+from scripts.loadtest.workload import WORD_POOL
 from scripts.reliability.common import (
-    Attempt,
     Criterion,
-    SurgeServer,
+    all_passed,
     chat_body,
-    chat_once,
-    load_average,
-    machine_line,
     render_report,
     scrape,
     served_model,
-    surge_server,
-    vm_rss_bytes,
     write_report,
 )
 
@@ -94,8 +90,8 @@ FAST = SoakConfig(duration_s=12.0, warmup_s=5.0, users=6, max_num_seqs=8, cache_
 @dataclass
 class Outcome:
     scenario: str
-    attempts: list[Attempt]
-    finals: list[Attempt] = field(default_factory=list)  # each client's last attempt; default: the last
+    attempts: list[ChatAttempt]
+    finals: list[ChatAttempt] = field(default_factory=list)  # each client's last attempt; default: the last
 
     def __post_init__(self) -> None:
         if not self.finals:
@@ -163,28 +159,28 @@ class Mix:
 async def run_scenario(client: httpx.AsyncClient, url: str, mix: Mix, scenario: str, t0: float) -> Outcome:
     rng = mix.rng
     if scenario in ("stream", "json"):
-        return Outcome(scenario, [await chat_once(client, url, mix.body(is_streaming=scenario == "stream"), t0)])
+        return Outcome(scenario, [await send_chat(client, url, mix.body(is_streaming=scenario == "stream"), t0=t0)])
     if scenario == "duplicate":
         body = dict(rng.choice(mix.recent)) if mix.recent else mix.body(is_streaming=True)
-        return Outcome(scenario, [await chat_once(client, url, body, t0)])
+        return Outcome(scenario, [await send_chat(client, url, body, t0=t0)])
     if scenario == "disconnect-stream":
         body = mix.body(is_streaming=True, max_tokens=mix.config.max_tokens[1])
-        return Outcome(scenario, [await chat_once(client, url, body, t0, max_chunks=rng.randint(1, 4))])
+        return Outcome(scenario, [await send_chat(client, url, body, t0=t0, max_chunks=rng.randint(1, 4))])
     if scenario == "disconnect-json":
         body = mix.body(is_streaming=False, max_tokens=mix.config.max_tokens[1])
         timeout = httpx.Timeout(120.0, read=rng.uniform(0.02, 0.2))  # gives up before the reply
         async with httpx.AsyncClient(timeout=timeout) as impatient:
-            return Outcome(scenario, [await chat_once(impatient, url, body, t0)])
+            return Outcome(scenario, [await send_chat(impatient, url, body, t0=t0)])
     # Idempotent: the same key on every attempt; exactly one client runs the model, the other replays.
     body = mix.body(is_streaming=rng.random() < 0.5)
     headers = {"Idempotency-Key": f"soak-{uuid.uuid4()}"}
 
-    async def until_not_409(delay_s: float) -> list[Attempt]:
+    async def until_not_409(delay_s: float) -> list[ChatAttempt]:
         await asyncio.sleep(delay_s)
-        attempts = [await chat_once(client, url, body, t0, headers)]
+        attempts = [await send_chat(client, url, body, t0=t0, headers=headers)]
         while attempts[-1].error == "409" and len(attempts) < 30:
             await asyncio.sleep(float(attempts[-1].headers.get("retry-after", "1")))
-            attempts.append(await chat_once(client, url, body, t0, headers))
+            attempts.append(await send_chat(client, url, body, t0=t0, headers=headers))
         return attempts
 
     if scenario == "idempotent-retry":
@@ -209,7 +205,7 @@ def read_dump(path: Path, number: int, timeout_s: float = 60.0) -> str:
 TRACED = re.compile(r"SIGUSR1 writes (\S*surge-tracemalloc-(server|engine)-(\d+)\.txt)")
 
 
-async def dump_tracemalloc(server: SurgeServer, number: int) -> dict[str, str]:
+async def dump_tracemalloc(server: ServerProcess, number: int) -> dict[str, str]:
     """SIGUSR1 to each process that logged it traces (the server and its engine child; never
     another child such as multiprocessing's resource tracker, whom SIGUSR1 would kill); their
     dumps by role."""
@@ -220,8 +216,8 @@ async def dump_tracemalloc(server: SurgeServer, number: int) -> dict[str, str]:
     return dumps
 
 
-def rss_by_pid(server: SurgeServer) -> dict[int, int]:
-    return {pid: vm_rss_bytes(pid) for pid in server.pids()}
+def rss_by_pid(server: ServerProcess) -> dict[int, int]:
+    return {pid: rss_bytes(pid) for pid in server.pids()}
 
 
 async def wait_idle(client: httpx.AsyncClient, base_url: str, timeout_s: float) -> tuple[dict[str, float], float]:
@@ -237,7 +233,7 @@ async def wait_idle(client: httpx.AsyncClient, base_url: str, timeout_s: float) 
         await asyncio.sleep(0.2)
 
 
-async def drive(config: SoakConfig, server: SurgeServer) -> SoakRun:
+async def drive(config: SoakConfig, server: ServerProcess) -> SoakRun:
     model = await served_model(server.url)
     url = f"{server.api}/chat/completions"
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
@@ -437,9 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     run = asyncio.run(run_soak(config, directory))
     criteria = evaluate(run)
-    command = "python scripts/reliability/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m scripts.reliability.soak " + " ".join(sys.argv[1:] if argv is None else argv)
     write_report(render(run, criteria, command.strip()) + f"\nServer log and dumps: {directory}\n", args.out)
-    return 0 if all(c.passed for c in criteria) else 1
+    return 0 if all_passed(criteria) else 1
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ requests limit is left off here.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,14 +327,11 @@ def test_an_8_mb_prompt_is_refused_without_tokenizing_all_of_it(
     text = "hello world " * 650_000
     body = {**BASE[path], "max_tokens": 1}
     body.update({"messages": [{"role": "user", "content": text}]} if path == CHAT else {"prompt": [text]})
-    started = time.monotonic()
     response = http.post(path, json=body)
-    elapsed = time.monotonic() - started
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded"
     assert "at least" in error["message"]  # measured on a prefix, not the whole text
-    assert elapsed < 5.0
 
 
 def test_non_ascii_idempotency_key_is_a_400(http: httpx.Client) -> None:

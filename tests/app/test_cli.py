@@ -7,12 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from tests.ports import free_port
+from scripts.harness.ports import free_port
+from scripts.harness.servers import ServerProcess
 
 
 def test_build_tiny_writes_a_hugging_face_directory(tmp_path: Path) -> None:
@@ -30,38 +30,23 @@ def test_build_tiny_writes_a_hugging_face_directory(tmp_path: Path) -> None:
     assert (out / "tokenizer.json").exists()
 
 
-def test_serve_answers_then_exits_cleanly_on_sigterm(tiny_model_dir: Path) -> None:
+def test_serve_answers_then_exits_cleanly_on_sigterm(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Settings from the environment, as a container passes them; SIGTERM drains and exits 0."""
     port = free_port()
     env = {**os.environ, "SURGE_PORT": str(port), "SURGE_MAX_MODEL_LEN": "256", "SURGE_SERVED_MODEL_NAME": "cli"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--model", str(tiny_model_dir), "--max-num-seqs", "4"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    argv = [sys.executable, "-m", "app.cli", "serve", "--model", str(tiny_model_dir), "--max-num-seqs", "4"]
+    server = ServerProcess("surge", argv, tmp_path / "surge.log", env=env, port=port)
+    server.start()
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{base}/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline, "server never became ready"
-            time.sleep(0.1)
         body = {"model": "cli", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        reply = httpx.post(f"{base}/v1/chat/completions", json=body)
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=body)
         assert reply.status_code == 200
-        assert httpx.get(f"{base}/v1/models").json()["data"][0]["max_model_len"] == 256
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert httpx.get(f"{server.url}/v1/models").json()["data"][0]["max_model_len"] == 256
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 0, server.tail()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        server.stop(graceful=False)
 
 
 def test_serve_exits_non_zero_when_the_model_cannot_load(tmp_path: Path) -> None:
@@ -89,3 +74,14 @@ def test_the_engine_child_can_start_before_torch_is_imported() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_surge_loadtest_says_where_the_load_tester_went() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli", "loadtest", "--concurrency", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and "python -m scripts.loadtest" in proc.stderr

@@ -13,13 +13,13 @@ import httpx
 import openai
 import pytest
 
-from tests.app.surge_process import SurgeProcess, surge_process
+from scripts.harness.servers import ServerProcess, surge_server
 
 ARGS = ("--served-model-name", "m", "--max-num-seqs", "4", "--max-model-len", "512", "--shutdown-delay-seconds", "0")
 USER = [{"role": "user", "content": "hello"}]
 
 
-def engine_pid(server: SurgeProcess) -> int:
+def engine_pid(server: ServerProcess) -> int:
     """The engine process: the server's one spawned child (the other is multiprocessing's
     resource tracker)."""
     pid = server.proc.pid
@@ -54,7 +54,7 @@ def metric(url: str, name: str) -> float:
 
 
 def test_streams_and_metrics_cross_the_process_boundary(tiny_model_dir: Path, tmp_path: Path) -> None:
-    with surge_process(tiny_model_dir, tmp_path / "surge.log", *ARGS) as server:
+    with surge_server(tiny_model_dir, tmp_path / "surge.log", *ARGS, graceful_stop=False) as server:
         pid = engine_pid(server)
         assert pid != server.proc.pid
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
@@ -83,7 +83,7 @@ def test_streams_and_metrics_cross_the_process_boundary(tiny_model_dir: Path, tm
 
 
 def test_a_killed_engine_process_fails_the_open_stream_and_liveness(tiny_model_dir: Path, tmp_path: Path) -> None:
-    with surge_process(tiny_model_dir, tmp_path / "surge.log", *ARGS) as server:
+    with surge_server(tiny_model_dir, tmp_path / "surge.log", *ARGS, graceful_stop=False) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
         stream = client.chat.completions.create(
             model="m", messages=USER, max_tokens=400, stream=True, extra_body={"ignore_eos": True}
@@ -104,7 +104,7 @@ def test_a_killed_engine_process_fails_the_open_stream_and_liveness(tiny_model_d
 
 
 def test_the_engine_process_exits_when_the_server_is_killed(tiny_model_dir: Path, tmp_path: Path) -> None:
-    with surge_process(tiny_model_dir, tmp_path / "surge.log", *ARGS) as server:
+    with surge_server(tiny_model_dir, tmp_path / "surge.log", *ARGS, graceful_stop=False) as server:
         pid = engine_pid(server)
         server.proc.kill()  # no chance to stop the child: it sees its pipe close
         server.proc.wait()

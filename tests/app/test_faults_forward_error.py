@@ -26,7 +26,8 @@ import openai
 import pytest
 
 from models.faults import FORWARD_ERROR_STEPS_ENV
-from tests.app.fault_tools import metric, spawn, wait_idle, wait_ready
+from scripts.harness.servers import start_surge
+from tests.app.fault_tools import metric, wait_idle
 
 ARGS = ("--served-model-name", "m", "--max-num-seqs", "2", "--max-model-len", "512", "--log-level", "warning")
 STREAM_FAILS_AT, JSON_FAILS_AT, LOAD_FAILS_AT = 5, 8, 20
@@ -74,13 +75,12 @@ def is_injected_server_error(error: dict[str, object] | None) -> bool:
 @pytest.fixture
 def url(tiny_model_dir: Path, tmp_path: Path) -> Iterator[str]:
     steps = f"{STREAM_FAILS_AT},{JSON_FAILS_AT},{LOAD_FAILS_AT}"
-    server = spawn(tiny_model_dir, tmp_path / "surge.log", *ARGS, env={FORWARD_ERROR_STEPS_ENV: steps})
+    server = start_surge(tiny_model_dir, tmp_path / "surge.log", *ARGS, env={FORWARD_ERROR_STEPS_ENV: steps})
     try:
-        wait_ready(server)
+        server.wait_ready()
         yield server.url
     finally:
-        server.proc.kill()
-        server.proc.wait()
+        server.stop(graceful=False)
 
 
 def test_a_failing_forward_pass_fails_its_batch_and_the_loop_goes_on(url: str) -> None:

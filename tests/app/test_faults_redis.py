@@ -9,10 +9,11 @@ Redis, half of it (`--rate-limit-replicas 2`) means this replica's in-process fa
 What must hold whatever Redis does: no accepted request is lost or hangs, every plain request
 gets its full completion, idempotent requests get a 503 with `Retry-After` (retried until they
 run) or run once, never twice (the engines' finished count equals the non-replayed 200s), the
-outage shows in `surge_redis_fallbacks_total`, decisions return to Redis within 1 s of its
-return, and no request waits on Redis much beyond `--redis-timeout-ms` per round trip.
+outage shows in `surge_redis_fallbacks_total`, and decisions return to Redis once it is back.
 
-The fast versions run in `make test`; `pytest -m reliability` adds 10 s outages.
+How fast is the reliability run's (`pytest -m reliability`, in `make test-reliability`): with 10 s
+outages it also holds that decisions return to Redis within 1 s of its return and no request waits
+on Redis much beyond `--redis-timeout-ms` per round trip. `make test` checks no wall-clock bound.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.app.fault_tools import metric, percentile, summary_ms, surge_servers, wait_idle
-from tests.app.surge_process import SurgeProcess
-from tests.redis_server import RedisServer
+from scripts.harness.chat import CONNECT, INVALID, TIMEOUT, send_chat
+from scripts.harness.redis_server import RedisServer
+from scripts.harness.servers import ServerProcess, surge_servers
+from scripts.harness.stats import percentile
+from tests.app.fault_tools import metric, summary_ms, wait_idle
 from tests.tcp_proxy import TcpProxy
 
 TIMEOUT_MS = 50
@@ -65,8 +68,8 @@ ARGS = (
 class Cluster:
     redis: RedisServer
     proxy: TcpProxy
-    direct: SurgeProcess
-    proxied: SurgeProcess
+    direct: ServerProcess
+    proxied: ServerProcess
 
     @property
     def urls(self) -> list[str]:
@@ -80,7 +83,11 @@ def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         RedisServer() as redis,
         TcpProxy(redis.port) as proxy,
         surge_servers(
-            tiny_model_dir, tmp, (*ARGS, "--redis-url", redis.url), (*ARGS, "--redis-url", proxy.redis_url)
+            tiny_model_dir,
+            tmp,
+            (*ARGS, "--redis-url", redis.url),
+            (*ARGS, "--redis-url", proxy.redis_url),
+            graceful_stop=False,
         ) as (direct, proxied),
     ):
         yield Cluster(redis, proxy, direct, proxied)
@@ -130,41 +137,24 @@ async def send(
     client: httpx.AsyncClient, kind: str, url: str, body: dict[str, object], headers: dict[str, str] | None = None
 ) -> Outcome:
     out = Outcome(kind, url, time.monotonic())
-    try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers or {}) as reply:
-            out.status = reply.status_code
-            out.limit = reply.headers.get("x-ratelimit-limit-requests")
-            out.retry_after = reply.headers.get("retry-after")
-            out.is_replayed = reply.headers.get("idempotent-replayed") == "true"
-            if reply.status_code != 200:
-                out.code = json.loads(await reply.aread())["error"]["code"]
-            elif body.get("stream"):
-                out.is_complete = await _is_complete_stream(reply, int(str(body["max_tokens"])))
-            else:
-                answer = json.loads(await reply.aread())
-                out.is_complete = (
-                    answer["usage"]["completion_tokens"] == body["max_tokens"]
-                    and answer["choices"][0]["finish_reason"] == "length"
-                )
-    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
-        out.error = repr(exc)
+    attempt = await send_chat(client, f"{url}/v1/chat/completions", body, headers=headers)
     out.elapsed = time.monotonic() - out.started
+    out.status = attempt.status or 0
+    out.limit = attempt.headers.get("x-ratelimit-limit-requests")
+    out.retry_after = attempt.headers.get("retry-after")
+    out.is_replayed = attempt.is_replayed
+    if attempt.error in (CONNECT, TIMEOUT, INVALID):
+        out.error = f"{attempt.error}: {attempt.detail}"
+    elif out.status != 200:
+        out.code = json.loads(attempt.detail)["error"]["code"]
+    else:
+        out.is_complete = (
+            attempt.is_ok
+            and attempt.finish_reason == "length"
+            and attempt.completion_tokens == body["max_tokens"]
+            and (attempt.is_done or not body.get("stream"))
+        )
     return out
-
-
-async def _is_complete_stream(reply: httpx.Response, max_tokens: int) -> bool:
-    finish_reasons, num_tokens, saw_done = [], 0, False
-    async for line in reply.aiter_lines():
-        if line == "data: [DONE]":
-            saw_done = True
-        elif line.startswith("data: "):
-            chunk = json.loads(line.removeprefix("data: "))
-            if "error" in chunk:
-                return False
-            finish_reasons += [c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]]
-            if chunk.get("usage"):
-                num_tokens = chunk["usage"]["completion_tokens"]
-    return saw_done and finish_reasons == ["length"] and num_tokens == max_tokens
 
 
 async def send_idempotent(client: httpx.AsyncClient, urls: list[str], outcomes: list[Outcome]) -> None:
@@ -282,7 +272,6 @@ def check_outage(
     # can itself be later than the timeout now and then, a real (if brief) fail-open.
     limits_before = [o.limit for o in outcomes if o.ended < window.start]
     assert limits_before.count(str(RPM)) >= 0.9 * len(limits_before), limits_before
-    assert max(window.recovery) < RECOVERY_S, window.recovery
 
     for url in cluster.urls:
         wait_idle(url)
@@ -315,15 +304,23 @@ def latencies(outcomes: list[Outcome], url: str, start: float, end: float) -> li
     return [o.elapsed for o in outcomes if o.kind == "latency" and o.url == url and start <= o.started < end]
 
 
-def check_latency(cluster: Cluster, outcomes: list[Outcome], window: Window) -> None:
-    """Small requests sent back to back: none waited on Redis much longer than its round trips
-    times the timeout. A dead or frozen Redis gets one call that waits out the timeout (or fails
-    at once); after that calls fail at once except one probe per half second."""
+def bound_s(normal: list[float]) -> float:
+    """The most a request may take when Redis is slow or gone: its usual p90 plus every round trip
+    waiting out the timeout, plus the scheduling noise of a busy 2-core machine."""
+    return (percentile(normal, 90) or 0.0) + ROUND_TRIPS * TIMEOUT_S + SLACK_S
+
+
+def check_speed(cluster: Cluster, outcomes: list[Outcome], window: Window) -> None:
+    """The reliability run's speed criteria: back on Redis within RECOVERY_S of its return, and small
+    requests sent back to back never waited on Redis much longer than their round trips times the
+    timeout. A dead or frozen Redis gets one call that waits out the timeout (or fails at once);
+    after that calls fail at once except one probe per half second."""
+    assert max(window.recovery) < RECOVERY_S, window.recovery
     for name, url in (("direct", cluster.direct.url), ("proxied", cluster.proxied.url)):
         normal = latencies(outcomes, url, 0, window.start)
         faulted = latencies(outcomes, url, window.start, window.end)
         print(f"  {name}: latency normal {summary_ms(normal)}; during the fault {summary_ms(faulted)}")
-        assert max(faulted) <= percentile(normal, 0.9) + ROUND_TRIPS * TIMEOUT_S + SLACK_S
+        assert max(faulted) <= bound_s(normal)
 
 
 def report(title: str, outcomes: list[Outcome], window: Window) -> None:
@@ -333,31 +330,34 @@ def report(title: str, outcomes: list[Outcome], window: Window) -> None:
     print(f"\n{title}: {len(outcomes)} requests {dict(sorted(statuses.items()))}; back on Redis after {recovery}")
 
 
-OUTAGES = [pytest.param(3.0, id="3s"), pytest.param(10.0, id="10s", marks=pytest.mark.reliability)]
+# (outage seconds, whether the speed criteria are checked): the speed criteria only in the reliability run.
+OUTAGES = [pytest.param(3.0, False, id="3s"), pytest.param(10.0, True, id="10s", marks=pytest.mark.reliability)]
 
 
-@pytest.mark.parametrize("seconds", OUTAGES)
-def test_redis_killed_under_load_loses_nothing_fails_open_and_comes_back(cluster: Cluster, seconds: float) -> None:
+@pytest.mark.parametrize(("seconds", "speed"), OUTAGES)
+def test_redis_killed_under_load_loses_nothing_fails_open_and_comes_back(
+    cluster: Cluster, seconds: float, speed: bool
+) -> None:
     wait_on_redis(cluster)
     before = {url: counters(url) for url in cluster.urls}
     fault = outage(cluster.redis.kill, cluster.redis.start, seconds, cluster.urls)  # kill -9, same port
     outcomes, window = asyncio.run(under_load(cluster.urls, fault))
     report(f"Redis killed {seconds:.0f} s", outcomes, window)
     check_outage(cluster, outcomes, window, before)
-    check_latency(cluster, outcomes, window)
+    if speed:
+        check_speed(cluster, outcomes, window)
 
 
-@pytest.mark.parametrize("seconds", OUTAGES)
-def test_redis_frozen_under_load_costs_a_request_at_most_its_round_trips_times_the_timeout(
-    cluster: Cluster, seconds: float
-) -> None:
+@pytest.mark.parametrize(("seconds", "speed"), OUTAGES)
+def test_redis_frozen_under_load_loses_nothing_and_fails_open(cluster: Cluster, seconds: float, speed: bool) -> None:
     wait_on_redis(cluster)
     before = {url: counters(url) for url in cluster.urls}
     fault = outage(cluster.redis.freeze, cluster.redis.thaw, seconds, cluster.urls)  # SIGSTOP, SIGCONT
     outcomes, window = asyncio.run(under_load(cluster.urls, fault))
     report(f"Redis frozen {seconds:.0f} s", outcomes, window)
     check_outage(cluster, outcomes, window, before)
-    check_latency(cluster, outcomes, window)
+    if speed:
+        check_speed(cluster, outcomes, window)
 
 
 def probe(url: str, num: int = 20) -> list[Outcome]:
@@ -378,7 +378,12 @@ def back_on_redis_within(url: str) -> float:
     return asyncio.run(run())
 
 
-def test_a_slow_or_flaky_redis_costs_a_request_at_most_its_round_trips_times_the_timeout(cluster: Cluster) -> None:
+@pytest.mark.parametrize(
+    "speed", [pytest.param(False, id="decisions"), pytest.param(True, id="speed", marks=pytest.mark.reliability)]
+)
+def test_a_slow_or_flaky_redis_decides_on_redis_while_it_answers_in_time_and_falls_back_when_not(
+    cluster: Cluster, speed: bool
+) -> None:
     wait_on_redis(cluster)
     url, proxy = cluster.proxied.url, cluster.proxy
     fallbacks = metric(url, "surge_redis_fallbacks_total")
@@ -407,14 +412,15 @@ def test_a_slow_or_flaky_redis_costs_a_request_at_most_its_round_trips_times_the
         f"+200 ms per round trip {summary_ms(elapsed(slower))}\ndropped {summary_ms(elapsed(dropped))}\n"
         f"back on Redis after {slower_recovery:.3f} s and {dropped_recovery:.3f} s"
     )
-    bound = percentile(base, 0.9) + ROUND_TRIPS * TIMEOUT_S + SLACK_S
-    # Slower but answering: every decision still on Redis, each request pays the latency it met.
+    # Slower but answering: every decision still on Redis. Slower than the timeout, or gone: this
+    # replica's share decides (after the first request, which meets the fault).
     assert {o.limit for o in slow} == {str(RPM)}
-    assert percentile(elapsed(slow), 0.5) >= percentile(base, 0.5) + 0.020
-    assert max(elapsed(slow)) <= bound
-    # Slower than the timeout, or gone: this replica's share decides, at the same bound.
     for faulted in (slower, dropped):
         assert {o.limit for o in faulted[1:]} == {SHARE_RPM}
-        assert max(elapsed(faulted)) <= bound
-    assert max(slower_recovery, dropped_recovery) < RECOVERY_S
     assert metric(url, "surge_redis_fallbacks_total") >= fallbacks + 2
+    if speed:  # each request pays the latency it met, and no more than its round trips' timeouts
+        bound = bound_s(base)
+        assert (percentile(elapsed(slow), 50) or 0.0) >= (percentile(base, 50) or 0.0) + 0.020
+        assert max(elapsed(slow)) <= bound
+        assert max(elapsed(slower)) <= bound and max(elapsed(dropped)) <= bound
+        assert max(slower_recovery, dropped_recovery) < RECOVERY_S

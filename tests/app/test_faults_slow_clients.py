@@ -9,9 +9,10 @@ pass: tokens cost only the serving path), so the test is about the serving side 
 Pass criteria: the engine does not wait for such readers (their sequences run to the end and
 free their slots while the clients hold on); the server's resident memory (VmRSS of the `surge
 serve` process) grows by at most a few times what the stalled clients did not read, and stops
-growing while they wait; normal streams beside them keep their speed (tokens/s with the stalled
-clients attached over tokens/s without, at least MIN_SPEED_RATIO); once they hang up, their
-responses end and the server serves as before.
+growing while they wait; normal streams beside them run to their end; once they hang up, their
+responses end and the server serves as before. That the normal streams keep their speed (tokens/s
+with the stalled clients attached over tokens/s without, at least MIN_SPEED_RATIO) is the
+reliability run's criterion (`pytest -m reliability`): `make test` holds no speed bound.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.app.fault_tools import metric, rss_bytes, surge_servers, wait_idle
-from tests.app.surge_process import SurgeProcess
+from scripts.harness.procs import rss_bytes
+from scripts.harness.servers import ServerProcess, surge_servers
+from tests.app.fault_tools import metric, wait_idle
 
 CHAT = "/v1/chat/completions"
 # Degradation off: a wave of stalled clients queued behind a full batch would (rightly) raise the
@@ -58,8 +60,8 @@ PLATEAU_BYTES = 8 * 1024 * 1024  # growth allowed between two samples once the s
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SurgeProcess]:
-    with surge_servers("echo", tmp_path_factory.mktemp("slow-clients"), ARGS) as (server,):
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with surge_servers("echo", tmp_path_factory.mktemp("slow-clients"), ARGS, graceful_stop=False) as (server,):
         yield server
 
 
@@ -131,9 +133,12 @@ def answer_bytes(url: str) -> int:
 
 
 @pytest.mark.parametrize(
-    "num_stalled", [pytest.param(8, id="8"), pytest.param(32, id="32", marks=pytest.mark.reliability)]
+    ("num_stalled", "speed"),
+    [pytest.param(8, False, id="8"), pytest.param(32, True, id="32", marks=pytest.mark.reliability)],
 )
-def test_stalled_readers_keep_memory_bounded_and_others_at_speed(server: SurgeProcess, num_stalled: int) -> None:
+def test_stalled_readers_keep_memory_bounded_and_others_going(
+    server: ServerProcess, num_stalled: int, speed: bool
+) -> None:
     pid = server.proc.pid
     size = answer_bytes(server.url)  # also warms the paths
     wait_idle(server.url)
@@ -174,7 +179,8 @@ def test_stalled_readers_keep_memory_bounded_and_others_at_speed(server: SurgePr
     )
     assert grown <= budget
     assert rss_later - rss_done <= PLATEAU_BYTES, "memory still growing while the stalled clients wait"
-    assert speed_with >= MIN_SPEED_RATIO * speed_before
+    if speed:
+        assert speed_with >= MIN_SPEED_RATIO * speed_before
 
     # Once they hang up, their responses end, nothing of them is left and the server serves as before.
     deadline = time.monotonic() + 15

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from tests.app.surge_process import surge_process
+from scripts.harness.servers import surge_server
 
 # httpx's (and so the openai SDK's) default keepalive_expiry: a pooled connection idle this long
 # is reused until then, so the server must not close it first.
@@ -40,7 +40,7 @@ def test_idle_connection_outlives_the_clients_keepalive_expiry(tiny_model_dir: P
     """Regression (keys burst: a quiet key's request failed with a connection error): uvicorn's
     default keep-alive timeout is 5 s, the same as httpx's pool expiry, so a client reusing a
     connection idle for about 5 s raced the server closing it and got "Server disconnected"."""
-    with surge_process(tiny_model_dir, tmp_path / "server.log") as server:
+    with surge_server(tiny_model_dir, tmp_path / "server.log", graceful_stop=False) as server:
         address = urlparse(server.url)
         assert address.hostname is not None and address.port is not None
         with socket.create_connection((address.hostname, address.port), timeout=10) as sock:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.app.surge_process import surge_process
+from scripts.harness.servers import surge_server
 
 API_KEY = "sk-distinctive-key-7f3a91"
 WRONG_KEY = "sk-wrong-distinctive-key-55c2"
@@ -20,7 +20,7 @@ def test_json_log_has_request_ids_startup_progress_and_never_prompts_or_keys(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     args = ("--log-format", "json", "--api-key", API_KEY, "--served-model-name", "m", "--shutdown-delay-seconds", "0")
-    with surge_process(tiny_model_dir, tmp_path / "surge.log", *args) as server:
+    with surge_server(tiny_model_dir, tmp_path / "surge.log", *args, graceful_stop=False) as server:
         body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
         reply = httpx.post(
             f"{server.url}/v1/chat/completions",
@@ -58,7 +58,9 @@ def test_json_log_has_request_ids_startup_progress_and_never_prompts_or_keys(
 
 
 def test_text_log_carries_the_request_id(tiny_model_dir: Path, tmp_path: Path) -> None:
-    with surge_process(tiny_model_dir, tmp_path / "surge.log", "--shutdown-delay-seconds", "0") as server:
+    with surge_server(
+        tiny_model_dir, tmp_path / "surge.log", "--shutdown-delay-seconds", "0", graceful_stop=False
+    ) as server:
         assert httpx.get(f"{server.url}/v1/models", headers={"X-Request-Id": "text-trace-9"}).status_code == 200
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=30) == 0

@@ -8,11 +8,6 @@ B did not run its own model: the proof that shared state, not luck, made them ag
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +15,8 @@ import httpx
 import pytest
 
 from models.tiny import build_tiny
-from tests.ports import free_port
-from tests.redis_server import RedisServer
+from scripts.harness.redis_server import RedisServer
+from scripts.harness.servers import start_surge
 
 NAME = "shared"
 USER = [{"role": "user", "content": "Replicas, agree!"}]
@@ -29,26 +24,8 @@ FREE = {"Authorization": "Bearer sk-free"}  # no limits
 LIMITED = {"Authorization": "Bearer sk-limited"}  # 12 requests per minute, shared by the replicas
 
 
-def _spawn(model_dir: Path, redis_url: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    argv = [sys.executable, "-m", "app.cli", "serve", "--model", str(model_dir), "--port", str(port)]
-    argv += ["--served-model-name", NAME, "--redis-url", redis_url, "--redis-timeout-ms", "2000"]
-    argv += ["--max-model-len", "256", "--max-num-seqs", "8", "--log-level", "warning", *extra]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], url: str) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "a replica exited during start-up"
-        try:
-            if httpx.get(f"{url}/ready").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("replica never became ready")
+REPLICA_ARGS = ("--served-model-name", NAME, "--redis-timeout-ms", "2000", "--max-model-len", "256")
+REPLICA_ARGS += ("--max-num-seqs", "8", "--log-level", "warning")
 
 
 @pytest.fixture(scope="module")
@@ -61,21 +38,18 @@ def replicas(model_root: Path) -> Iterator[tuple[str, str, str]]:
         build_tiny("s", qwen, arch="qwen2")
     keys = model_root / "replica-keys.yaml"
     keys.write_text("sk-free: {}\nsk-limited: {rpm: 12}\n")
+    logs = model_root / "replica-logs"
+    args = (*REPLICA_ARGS, "--keys-file", str(keys))
     with RedisServer() as redis:
-        a = _spawn(llama, redis.url, "--keys-file", str(keys))
-        b = _spawn(qwen, redis.url, "--keys-file", str(keys))
+        a = start_surge(llama, logs / "a.log", *args, "--redis-url", redis.url)
+        b = start_surge(qwen, logs / "b.log", *args, "--redis-url", redis.url)
         try:
-            for proc, url in (a, b):
-                _wait_ready(proc, url)
-            yield a[1], b[1], redis.url
+            a.wait_ready()
+            b.wait_ready()
+            yield a.url, b.url, redis.url
         finally:
-            for proc, _ in (a, b):
-                proc.send_signal(signal.SIGTERM)
-            for proc, _ in (a, b):
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            a.stop()
+            b.stop()
 
 
 def _post(url: str, body: dict[str, object], **headers: str) -> httpx.Response:

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
-from tests.ports import free_port
+from scripts.harness.servers import surge_server
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -45,51 +41,11 @@ def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return matches[0]
 
 
-def wait_http_ok(url: str, proc: subprocess.Popen[str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None, f"{proc.args[0]} exited early: {proc.stdout.read() if proc.stdout else ''}"
-        assert time.monotonic() < deadline, f"{url} never answered 200"
-        time.sleep(0.1)
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="package")
 def surge_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real `surge serve` with one KV slot, so that concurrent requests queue."""
-    port = free_port()
-    env = {**os.environ, "SURGE_PORT": str(port), "SURGE_HOST": "127.0.0.1"}
     log = tmp_path_factory.mktemp("surge") / "surge.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "app.cli", "serve", "--model", str(tiny_model_dir)),
-                *("--served-model-name", SERVED_MODEL, "--max-num-seqs", "1", "--max-model-len", "512"),
-                *("--degrade-thresholds", "off", "--dedup-ttl-seconds", "0"),
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=ROOT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_ok(f"{url}/ready", proc, timeout=90)
-        yield url
-    finally:
-        stop(proc)
+    args = ("--served-model-name", SERVED_MODEL, "--max-num-seqs", "1", "--max-model-len", "512")
+    args += ("--degrade-thresholds", "off", "--dedup-ttl-seconds", "0")
+    with surge_server(tiny_model_dir, log, *args, graceful_stop=False) as server:
+        yield server.url

@@ -19,7 +19,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.k8s.conftest import K8S, SERVED_MODEL, free_port, load_yaml, stop, wait_http_ok
+from scripts.harness.servers import ServerProcess
+from tests.k8s.conftest import K8S, SERVED_MODEL, load_yaml
 
 NAMESPACE = "surge"
 POD = "surge-0"
@@ -100,24 +101,10 @@ def prometheus(surge_url: str, tmp_path: Path) -> Iterator[str]:
     for what, path in (("config", config), ("rules", rules)):
         check = subprocess.run([promtool, "check", what, str(path)], capture_output=True, text=True, timeout=60)
         assert check.returncode == 0, check.stdout + check.stderr
-    port = free_port()
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            *(binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}"),
-            *(f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_ok(f"{url}/-/ready", proc, timeout=30)
-        yield url
-    finally:
-        stop(proc)
-        log.close()
+    argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}"]
+    argv += ["--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    with ServerProcess("prometheus", argv, tmp_path / "prometheus.log", ready_path="/-/ready") as prometheus:
+        yield prometheus.url
 
 
 def query(prometheus: str, promql: str) -> float | None:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from middleware.redis import RedisBackend, RedisUnavailable
-from tests.redis_server import RedisServer
+from scripts.harness.redis_server import RedisServer
 
 
 async def test_a_busy_event_loop_is_not_a_redis_timeout(redis_url: str) -> None:
@@ -43,10 +43,9 @@ async def test_a_frozen_redis_is_still_a_timeout_bounded_by_it() -> None:
         try:
             await backend.call(lambda r: r.ping())
             redis.freeze()
-            started = time.monotonic()
-            with pytest.raises(RedisUnavailable):
+            # Ended by the call's own timeout, not the socket's backstop (1 s) nor never.
+            with pytest.raises(RedisUnavailable, match="within 50 ms"):
                 await backend.call(lambda r: r.get("k"))
-            assert time.monotonic() - started < 0.5
             assert not backend.is_up and backend.num_fallbacks == 1
             redis.thaw()
         finally:
@@ -119,10 +118,8 @@ async def test_connect_gives_up_after_its_attempts_and_the_probe_finds_redis_lat
     redis = RedisServer()
     backend = RedisBackend(redis.url, timeout=0.2, probe_interval=0.2)
     try:
-        started = time.monotonic()
         with caplog.at_level("WARNING", logger="surge.redis"):
             assert not await backend.connect(attempts=3, num_connections=4, initial_wait=0.05, max_wait=0.1)
-        assert time.monotonic() - started < 2.0  # three refused connects and two short waits
         messages = [r.getMessage() for r in caplog.records]
         assert sum("retrying in" in m for m in messages) == 2  # one line per retry, none after the last
         assert any("did not answer in 3 attempts" in m for m in messages)
@@ -144,18 +141,21 @@ async def test_connect_gives_up_after_its_attempts_and_the_probe_finds_redis_lat
         redis.stop()
 
 
-async def test_connect_to_a_frozen_redis_is_bounded_by_its_attempts() -> None:
+async def test_connect_to_a_frozen_redis_is_bounded_by_its_attempts(caplog: pytest.LogCaptureFixture) -> None:
     with RedisServer() as redis:
         redis.freeze()
         backend = RedisBackend(redis.url, timeout=0.05)
         try:
-            started = time.monotonic()
-            connected = await backend.connect(
-                attempts=3, num_connections=2, initial_wait=0.05, max_wait=0.05, attempt_timeout=0.2
-            )
-            elapsed = time.monotonic() - started
+            with caplog.at_level("WARNING", logger="surge.redis"):
+                connected = await backend.connect(
+                    attempts=3, num_connections=2, initial_wait=0.05, max_wait=0.05, attempt_timeout=0.2
+                )
             assert not connected and not backend.is_up
-            assert 0.6 <= elapsed < 1.5  # three attempts of 0.2 s each, two short waits between
+            # Three attempts, each ended by its own timeout (a frozen Redis never answers).
+            messages = [r.getMessage() for r in caplog.records]
+            retries = [m for m in messages if "retrying in" in m]
+            assert len(retries) == 2 and all("TimeoutError" in m for m in retries), messages
+            assert any("did not answer in 3 attempts (TimeoutError" in m for m in messages), messages
         finally:
             redis.thaw()
             await backend.close()

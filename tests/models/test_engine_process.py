@@ -203,12 +203,10 @@ async def test_a_frozen_child_never_blocks_the_event_loop(tiny_model_dir: Path) 
     assert pid is not None
     try:
         os.kill(pid, signal.SIGSTOP)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        # 200 x 400 token ids: several times the 64 KiB a pipe holds.
+        # 200 x 400 token ids: several times the 64 KiB a pipe holds. A blocking write would stop
+        # the loop here for good (the test's timeout); the loop turns, and the rest waits queued.
         groups = [engine.submit([(prompt(400, i), greedy(2))]) for i in range(200)]
         await asyncio.sleep(0.05)  # the loop sends this iteration's requests as one message
-        assert loop.time() - started < 2.0
         assert child_of(engine)._outgoing  # the rest waits in the server, not in a blocked write
         os.kill(pid, signal.SIGCONT)
         results = await asyncio.wait_for(asyncio.gather(*(run(group) for group in groups)), timeout=120)
@@ -243,10 +241,7 @@ async def test_stopping_a_frozen_child_with_a_full_pipe_does_not_hang(tiny_model
             engine.submit([(prompt(400, i), greedy(2))])
         await asyncio.sleep(0.05)  # the loop sends this iteration's requests as one message
         assert child._outgoing
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        await asyncio.to_thread(child.stop, 1.0)
-        assert loop.time() - started < 8.0  # 1 s for STOP and the join, then kill and reap
+        await asyncio.to_thread(child.stop, 1.0)  # 1 s for STOP and the join, then kill and reap
         assert not pid_alive(pid)
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -6,7 +6,6 @@ Real huggingface_hub, real tenacity, real HTTP (tests/hub_server.py); only the w
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +18,8 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from models import hub
 from models.config import ModelConfig
 from models.loader import load_model, resolve_model_path
+from scripts.harness.ports import free_port
 from tests.hub_server import COMMIT_SHA, DROP, REPO_ID, FakeHub, Request
-from tests.ports import free_port
 
 INITIAL_WAIT, MAX_WAIT = 0.05, 0.2  # seconds; real backoff, just short
 MODEL_INFO = f"/api/models/{REPO_ID}"
@@ -147,13 +146,10 @@ def test_unknown_repo_fails_at_once(fake_hub: FakeHub, cache_dir: Path, caplog: 
 
 def test_gives_up_after_the_attempts(fake_hub: FakeHub, cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     fake_hub.fail(100, status=503)
-    started = time.monotonic()
 
     with pytest.raises(hub.DownloadError) as info:
         _download(fake_hub, cache_dir, attempts=3)
 
-    # Waits of 0.05-0.1 s and 0.1-0.15 s; far below a second even on a busy machine.
-    assert time.monotonic() - started < 3.0
     assert "after 3 attempt(s)" in str(info.value) and "HTTP 503" in str(info.value)
     assert fake_hub.requests == [Request("GET", MODEL_INFO, 503)] * 3
     lines = _retry_lines(caplog)

@@ -15,7 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(300)
 def test_packed_and_split_runners_serve_the_same_loop(tiny_model_dir: Path) -> None:
-    argv = [sys.executable, "scripts/bench_engine.py", "--model-dir", str(tiny_model_dir)]
+    argv = [sys.executable, "-m", "scripts.bench_engine", "--model-dir", str(tiny_model_dir)]
     argv += ["--concurrency", "4", "--requests", "8", "--max-tokens", "6", "--rounds", "1", "--ramp", "1"]
     proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=280, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

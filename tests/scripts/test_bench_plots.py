@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -16,13 +15,9 @@ pytest.importorskip("matplotlib")  # the `bench` extra; `make test` does not ins
 
 @pytest.fixture(scope="module")
 def plots() -> ModuleType:
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    try:
-        from benchkit import plots
+    from scripts.benchkit import plots
 
-        return plots
-    finally:
-        sys.path.remove(str(REPO_ROOT / "scripts"))
+    return plots
 
 
 ROWS = [

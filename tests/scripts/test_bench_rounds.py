@@ -43,7 +43,7 @@ def test_rounds_combine_into_medians_and_pooled_latencies(bench: ModuleType) -> 
 
 
 def test_round_ratios_compare_surge_with_the_ceiling_and_the_peer_in_the_same_round(bench: ModuleType) -> None:
-    from benchkit.report import round_ratios
+    from scripts.benchkit.report import round_ratios
 
     rows = [
         {"system": "ceiling", "concurrency": 32, "load": "batch", "round": 0, "tokens_per_s": 1000.0},

@@ -21,7 +21,7 @@ def test_bench_smoke_measures_the_ceiling_and_a_surge_row_per_stack_mode(tmp_pat
     JSON) and `--stack` (a row per traffic-stack mode, ratios against `off`)."""
     modes = ["off", "redis" if shutil.which("redis-server") else "memory"]
     out = tmp_path / "bench.md"
-    argv = [sys.executable, "scripts/bench.py", "--smoke", "--stack", ",".join(modes), "--out", str(out)]
+    argv = [sys.executable, "-m", "scripts.bench", "--smoke", "--stack", ",".join(modes), "--out", str(out)]
     proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=280, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 

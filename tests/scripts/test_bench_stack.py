@@ -6,6 +6,7 @@ tests/scripts/test_bench_smoke.py (one run for both, for CI's time).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from types import ModuleType
 
@@ -37,10 +38,10 @@ def test_vs_off_ratios_compare_modes_at_the_same_concurrency(bench: ModuleType) 
 def test_redis_mode_without_redis_server_is_an_error_row(
     bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bench.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # redis-server looked up at start
     args = bench.parse_args(["--smoke", "--stack", "redis", "--out", str(tmp_path / "bench.md")])
     sut = bench.surge_server(tmp_path / "no-model", 4, args, args.stack[0])
     row, _ = bench.measure(sut, bench.LoadSpec(4, 1, 8, 8))
     assert row["system"] == "surge[redis]" and row["num_errors"] == 1
     assert "redis-server is not installed" in row["errors"][0]
-    assert sut.proc is None  # surge itself was never started
+    assert sut.process is None  # surge itself was never started

@@ -1,5 +1,5 @@
-"""The load tester end to end against a live tiny surge: `scripts/loadtest.py`, `surge loadtest` and
-`app.loadtest.main` in both loop modes, the table, the PNG, dedup hits, errors by status; and the
+"""The load tester end to end against a live tiny surge: `python -m scripts.loadtest` and
+`scripts.loadtest.cli.main` in both loop modes, the table, the PNG, dedup hits, errors by status; and the
 locustfile where Locust is installed."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.loadtest import main as loadtest_main
+from scripts.loadtest.cli import main as loadtest_main
 from tests.app.conftest import LiveServer, running_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def test_closed_loop_streams_with_duplicates_and_writes_the_plot(live: LiveServe
     plot, out = tmp_path / "latency.png", tmp_path / "report.md"
     argv = ["--base-url", f"{live.url}/v1", "--concurrency", "4", "--duration", "2", "--duplicate-fraction", "0.5"]
     proc = subprocess.run(
-        [sys.executable, "scripts/loadtest.py", *argv, *QUICK, "--plot", str(plot), "--out", str(out)],
+        [sys.executable, "-m", "scripts.loadtest", *argv, *QUICK, "--plot", str(plot), "--out", str(out)],
         cwd=REPO_ROOT,
         env={k: v for k, v in os.environ.items() if not k.startswith("SURGE_")},
         capture_output=True,
@@ -108,11 +108,11 @@ def test_open_loop_json_without_matplotlib_skips_the_plot(
     assert "matplotlib is not installed" in report and not plot.exists()
 
 
-def test_surge_loadtest_counts_429s_by_status(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_loadtest_counts_429s_by_status(tiny_model_dir: Path, tmp_path: Path) -> None:
     with running_server(tiny_model_dir, max_model_len=512, rate_limit_rpm=6) as limited:  # a burst of 6
-        argv = ["loadtest", "--base-url", f"{limited.url}/v1", "--concurrency", "2", "--num-requests", "12"]
+        argv = ["--base-url", f"{limited.url}/v1", "--concurrency", "2", "--num-requests", "12"]
         proc = subprocess.run(
-            [sys.executable, "-m", "app.cli", *argv, "--duration", "5", *QUICK, "--no-plot"],
+            [sys.executable, "-m", "scripts.loadtest", *argv, "--duration", "5", *QUICK, "--no-plot"],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,

@@ -4,47 +4,23 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from models.tiny import build_tiny
-from tests.ports import free_port
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from scripts.harness.servers import ServerProcess
 
 
 @pytest.fixture(scope="module")
 def naive_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    model_dir = build_tiny("s", tmp_path_factory.mktemp("naive") / "tiny-s")
-    port = free_port()
-    argv = [sys.executable, "scripts/naive_server.py", "--model", str(model_dir), "--port", str(port)]
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
-            try:
-                if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "naive server not ready within 120 s"
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    root = tmp_path_factory.mktemp("naive")
+    model_dir = build_tiny("s", root / "tiny-s")
+    argv = [sys.executable, "-m", "scripts.naive_server", "--model", str(model_dir), "--port", "{port}"]
+    with ServerProcess("naive", argv, root / "naive.log", ready_path="/health") as server:
+        yield server.url
 
 
 @pytest.mark.timeout(180)

@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def test_overhead_smoke_measures_surge_and_bare(tmp_path: Path) -> None:
     out = tmp_path / "overhead.md"
     proc = subprocess.run(
-        [sys.executable, "scripts/overhead.py", "--smoke", "--out", str(out), "--log-dir", str(tmp_path)],
+        [sys.executable, "-m", "scripts.overhead", "--smoke", "--out", str(out), "--log-dir", str(tmp_path)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -4,21 +4,21 @@ themselves on made-up data, so each is seen to fail when it should."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from scripts.harness.chat import ChatAttempt
 from scripts.reliability import keys_burst, overload, soak
-from scripts.reliability.common import Attempt, descendants, parse_metrics, vm_rss_bytes
+from scripts.reliability.common import parse_metrics
 
 
 def criteria_rows(report: str) -> dict[str, str]:
-    """criterion -> `pass` / `FAIL`, from the report's table."""
+    """criterion -> `pass`, `FAIL` or `reported` (not judged), from the report's table."""
     rows = {}
     for line in report.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and len(cells) == 4 and cells[3] in ("pass", "FAIL"):
+        if line.startswith("| ") and len(cells) == 4 and cells[3] in ("pass", "FAIL", "reported"):
             rows[cells[0]] = cells[3]
     return rows
 
@@ -35,7 +35,10 @@ def test_overload_fast_meets_every_criterion(tiny_model_dir: Path, tmp_path: Pat
     report = out.read_text()
     rows = criteria_rows(report)
     assert len(rows) == 6, report
-    assert status == 0 and set(rows.values()) == {"pass"}, report
+    # Speed (503 latency, goodput) is the full run's to judge: no wall-clock bound in make test.
+    speed = {"503 latency p99 (request start to response)", "goodput vs capacity"}
+    assert {name for name, result in rows.items() if result == "reported"} == speed, report
+    assert status == 0 and {rows[name] for name in rows.keys() - speed} == {"pass"}, report
     assert "Degradation level over time" in report and "through the openai SDK" in report
 
 
@@ -81,9 +84,9 @@ def test_hysteresis_check_rejects_skipped_levels_and_early_steps() -> None:
     assert ok
 
 
-def _attempt(start_s: float, error: str | None = None, *, tokens: int = 0, detail: str = "") -> Attempt:
+def _attempt(start_s: float, error: str | None = None, *, tokens: int = 0, detail: str = "") -> ChatAttempt:
     status = 200 if error is None else (int(error) if error.isdigit() else None)
-    return Attempt(start_s, status=status, error=error, completion_tokens=tokens, detail=detail)
+    return ChatAttempt(start_s, status=status, error=error, completion_tokens=tokens, detail=detail)
 
 
 def test_keys_burst_flags_a_key_over_its_limit_and_a_starved_quiet_key() -> None:
@@ -126,9 +129,3 @@ def test_parse_metrics_sums_families_and_keeps_label_sets() -> None:
     )
     metrics = parse_metrics(text)
     assert metrics["http_requests_total"] == 10.0 and metrics["surge_requests_waiting"] == 2.0
-
-
-def test_rss_reads_this_process_and_finds_no_children_of_a_leaf() -> None:
-    assert vm_rss_bytes(os.getpid()) > 10 * 2**20
-    assert vm_rss_bytes(2**22 + 12345) == 0  # no such pid
-    assert os.getpid() in descendants(os.getppid())

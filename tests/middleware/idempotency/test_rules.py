@@ -27,8 +27,8 @@ from middleware.idempotency.asgi import IdempotencyMiddleware
 from middleware.idempotency.redis_store import RedisIdempotencyStore
 from middleware.idempotency.store import IdempotencyStore, InMemoryIdempotencyStore
 from middleware.redis import RedisBackend
+from scripts.harness.redis_server import RedisServer
 from tests.live_server import serve_app
-from tests.redis_server import RedisServer
 
 PATH = "/v1/chat/completions"
 LEASE = 1.0  # short, so the slow-response test needs the lease to be extended (and long enough

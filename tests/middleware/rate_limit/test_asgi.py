@@ -20,8 +20,8 @@ from starlette.types import Message, Receive, Scope, Send
 from middleware.rate_limit.asgi import RateLimitMiddleware
 from middleware.rate_limit.buckets import InProcessBuckets, RedisBuckets
 from middleware.rate_limit.limits import Limits, go_duration
+from scripts.harness.redis_server import RedisServer
 from tests.app.conftest import MODEL_NAME, LiveServer, running_server
-from tests.redis_server import RedisServer
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
 GLOBAL_RPM, GLOBAL_TPM = 600, 60_000
@@ -193,14 +193,12 @@ def test_the_sdk_raises_rate_limit_error_and_its_retries_succeed_once_tokens_ref
     for _ in range(3):  # on a busy machine a token may refill before the call: empty it again
         while bucket_state(live.url, "sk-rpm60").status_code != 429:
             pass
-        started = time.monotonic()
         reply = retrying.chat.completions.with_raw_response.create(model=MODEL_NAME, messages=USER, max_tokens=1)  # type: ignore[arg-type]
         assert reply.parse().choices
         if reply.retries_taken >= 1:  # it waited retry-after-ms (under a second at 1 per second)
             break
     else:
         pytest.fail("the SDK never had to retry")
-    assert time.monotonic() - started < 3
 
 
 def test_unused_tokens_are_refunded_when_a_request_finishes_early(live: LiveServer) -> None:
@@ -267,12 +265,6 @@ def test_keys_from_the_file_and_the_flag_are_accepted_and_others_rejected(live: 
 # --- Redis failures and replicas -------------------------------------------------------------------
 
 
-def timed_post(url: str) -> tuple[httpx.Response, float]:
-    started = time.monotonic()
-    response = post(url)
-    return response, time.monotonic() - started
-
-
 def test_redis_killed_fails_open_to_this_replicas_share_and_recovers(tiny_model_dir: Path) -> None:
     with (
         RedisServer() as own_redis,
@@ -290,24 +282,36 @@ def test_redis_killed_fails_open_to_this_replicas_share_and_recovers(tiny_model_
         assert store.keys("surge:ratelimit:requests:*")  # no keys configured: one bucket per client address
 
         own_redis.kill()
-        answered = [timed_post(live.url) for _ in range(6)]
-        assert all(elapsed < 1.0 for _, elapsed in answered)  # nothing waits on a dead Redis
+        answered = [post(live.url) for _ in range(6)]
         # Fail open to an in-process bucket holding this replica's share: 10 / 2 replicas.
-        assert [r.status_code for r, _ in answered] == [200] * 5 + [429]
-        assert {r.headers["x-ratelimit-limit-requests"] for r, _ in answered} == {"5"}
+        assert [r.status_code for r in answered] == [200] * 5 + [429]
+        assert {r.headers["x-ratelimit-limit-requests"] for r in answered} == {"5"}
         assert live.state.redis is not None and not live.state.redis.is_up
         assert live.state.redis.num_fallbacks == 1
         assert isinstance(live.state.rate_limits, RedisBuckets) and live.state.rate_limits.num_fallback_decisions >= 6
 
         own_redis.start()  # same port, empty
-        time.sleep(live.state.redis.probe_interval + 0.1)
-        back = post(live.url)
-        assert back.status_code == 200 and back.headers["x-ratelimit-limit-requests"] == "10"
+        deadline = time.monotonic() + 10  # the probe finds it within a probe interval (0.5 s)
+        while (back := post(live.url)).headers["x-ratelimit-limit-requests"] != "10":
+            assert time.monotonic() < deadline, "decisions never went back to Redis"
+            time.sleep(0.05)
+        assert back.status_code == 200
         assert live.state.redis.is_up
         assert store.keys("surge:ratelimit:requests:*")  # decisions are on Redis again
 
 
-def test_frozen_redis_costs_a_request_at_most_the_timeout(tiny_model_dir: Path) -> None:
+def timed_post(url: str) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = post(url)
+    return response, time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    "speed", [pytest.param(False, id="answers"), pytest.param(True, id="speed", marks=pytest.mark.reliability)]
+)
+def test_frozen_redis_fails_open_and_costs_a_request_at_most_the_timeout(tiny_model_dir: Path, speed: bool) -> None:
+    """A frozen Redis: every request still answered, on one fallback. How long they wait (at most
+    about the timeout) is the reliability run's to check (`pytest -m reliability`)."""
     with (
         RedisServer() as own_redis,
         running_server(
@@ -327,11 +331,12 @@ def test_frozen_redis_costs_a_request_at_most_the_timeout(tiny_model_dir: Path) 
         finally:
             own_redis.thaw()
         assert all(r.status_code == 200 for r, _ in answered)
-        # The first call waits out the 50 ms timeout; after that at most one probe per half second
-        # waits, so no request waits much longer than the timeout.
-        slowest = max(elapsed for _, elapsed in answered)
-        assert 0.045 <= slowest < baseline + 0.5
         assert live.state.redis is not None and live.state.redis.num_fallbacks == 1
+        if speed:
+            # The first call waits out the 50 ms timeout; after that at most one probe per half
+            # second waits, so no request waits much longer than the timeout.
+            slowest = max(elapsed for _, elapsed in answered)
+            assert 0.045 <= slowest < baseline + 0.5
 
 
 def test_two_replicas_sharing_redis_enforce_one_limit(tiny_model_dir: Path, redis_url: str) -> None:

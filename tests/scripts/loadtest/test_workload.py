@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.loadtest.workload import IntRange, RequestPlan, Workload, WorkloadSpec, poisson_arrivals
+from scripts.loadtest.workload import IntRange, RequestPlan, Workload, WorkloadSpec, poisson_arrivals
 
 
 def test_int_range_parses_a_value_or_bounds_and_rejects_nonsense() -> None:

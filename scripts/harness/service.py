@@ -1,5 +1,5 @@
-"""The `with X() as x:` shape shared by the test doubles that run beside a test: started on
-entry, stopped on exit, whatever the test did."""
+"""The `with X() as x:` shape of everything that runs beside a test or a benchmark (a server, Redis, a
+fake hub, a proxy): started on entry, stopped on exit, whatever happened in between."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""`surge loadtest` / `scripts/loadtest.py`: flags, the run, and what is printed.
+"""`python -m scripts.loadtest`: flags, the run, and what is printed.
 
-    surge loadtest --concurrency 16 --duration 30              # closed loop, 16 users
-    surge loadtest --rate 8 --duration 30 --no-stream          # open loop, Poisson 8 req/s
-    surge loadtest --duplicate-fraction 0.5 --retries 3        # dedup hits; idempotent retries
+    python -m scripts.loadtest --concurrency 16 --duration 30       # closed loop, 16 users
+    python -m scripts.loadtest --rate 8 --duration 30 --no-stream   # open loop, Poisson 8 req/s
+    python -m scripts.loadtest --duplicate-fraction 0.5 --retries 3 # dedup hits; idempotent retries
 
 The report (markdown) goes to stdout, and to `--out` when given; the progress line to stderr.
 """
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import httpx
 
-from app.loadtest.client import RetryPolicy
-from app.loadtest.plot import is_plottable, write_latency_plot
-from app.loadtest.report import render_markdown, summarize
-from app.loadtest.runner import LoadConfig, RunResult, run_load
-from app.loadtest.server_metrics import read_counters, render_deltas
-from app.loadtest.workload import IntRange, WorkloadSpec
+from scripts.loadtest.client import RetryPolicy
+from scripts.loadtest.plot import is_plottable, write_latency_plot
+from scripts.loadtest.report import render_markdown, summarize
+from scripts.loadtest.runner import LoadConfig, RunResult, run_load
+from scripts.loadtest.server_metrics import read_counters, render_deltas
+from scripts.loadtest.workload import IntRange, WorkloadSpec
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 DEFAULT_PLOT = Path("bench-results/loadtest-latency.png")
@@ -33,7 +33,7 @@ DEFAULT_PLOT = Path("bench-results/loadtest-latency.png")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="surge loadtest", description="Load-test an OpenAI-compatible chat completions endpoint."
+        prog="python -m scripts.loadtest", description="Load-test an OpenAI-compatible chat completions endpoint."
     )
     target = parser.add_argument_group("target")
     target.add_argument(
@@ -121,13 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     except httpx.HTTPError as exc:
-        print(f"surge loadtest: cannot reach {args.base_url}: {exc}", file=sys.stderr)
+        print(f"loadtest: cannot reach {args.base_url}: {exc}", file=sys.stderr)
         return 2
 
     summary = summarize(run.results, run.wall_s, config.mode)
     workload = config.workload
     header = [
-        f"Command: `surge loadtest {shlex.join(sys.argv[1:] if argv is None else argv)}`",
+        f"Command: `python -m scripts.loadtest {shlex.join(sys.argv[1:] if argv is None else argv)}`",
         "",
         f"Target: {config.base_url}, model `{config.model}`; {'streaming' if config.is_streaming else 'JSON'}, "
         f"prompts of {workload.prompt_words} words, max_tokens {workload.max_tokens}, "
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.write_text(report)
     if not args.no_plot:
         if is_plottable():
-            path = write_latency_plot(run.results, args.plot, f"surge loadtest: {config.mode}")
+            path = write_latency_plot(run.results, args.plot, f"loadtest: {config.mode}")
             print(f"\nLatency plot: {path}")
         else:
             print("\nmatplotlib is not installed (pip install 'surge[bench]'): skipping the latency plot.")

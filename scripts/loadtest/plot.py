@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.loadtest.client import RequestResult
+from scripts.loadtest.client import RequestResult
 
 
 def is_plottable() -> bool:

@@ -9,19 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from app.loadtest.client import RequestResult
+from scripts.harness.stats import percentile
+from scripts.loadtest.client import RequestResult
 
 PERCENTILES = (50, 90, 99)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-from app.loadtest.client import RequestResult
-from app.loadtest.report import percentile, render_markdown, summarize
-from app.loadtest.server_metrics import parse_counters, render_deltas
-
-
-def test_percentile_interpolates_like_numpy() -> None:
-    assert percentile([], 50) is None
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert percentile([1.0, 2.0, 3.0, 4.0], 90) == 3.7
-    assert percentile([5.0], 99) == 5.0
+from scripts.loadtest.client import RequestResult
+from scripts.loadtest.report import render_markdown, summarize
+from scripts.loadtest.server_metrics import parse_counters, render_deltas
 
 
 def test_summary_counts_ok_tokens_and_errors_by_status() -> None:

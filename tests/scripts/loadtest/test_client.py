@@ -8,7 +8,8 @@ import random
 
 import httpx
 
-from app.loadtest.client import RequestResult, RetryPolicy, retry_after_s, send_request
+from scripts.harness.chat import retry_after_s
+from scripts.loadtest.client import RequestResult, RetryPolicy, send_request
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 OK = {"choices": [{"message": {"content": "a b c"}, "finish_reason": "length"}], "usage": {"completion_tokens": 3}}

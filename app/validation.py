@@ -1,30 +1,20 @@
-"""What chat and completions share: checks against the model, submission, collection.
+"""Checks of a generation request against the served model, before anything is spent.
 
-Every error that can be known before generation (unknown model, context overflow, a token
-id outside the vocabulary) is raised here, before a stream opens, so it reaches the client
-with its proper status.
+Every error that can be known before generation (unknown model, context overflow, a token id
+outside the vocabulary, an empty prompt) is raised here, before a stream opens, so it reaches
+the client with its proper status. What needs no model (field types, ranges) is the schemas'.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from collections.abc import Sequence
+from dataclasses import replace
 
-from fastapi import Request
-
-from app.schemas import ChatCompletionRequest, CompletionRequest, chat_logprob_entry
+from app.schemas import ChatCompletionRequest, CompletionRequest
 from app.settings import Settings
-from app.state import RETRY_AFTER_SECONDS
-from middleware.errors import invalid_request, not_found_model, server_error, service_unavailable
+from middleware.errors import invalid_request, not_found_model
 from models.async_engine import AsyncEngine
-from models.outputs import OutputSource, RequestOutput, TokenLogprob
 from models.sampling_params import SamplingParams
-from models.sequence import FinishReason
-from models.tokenizer import Tokenizer
-
-T = TypeVar("T")
 
 
 def check_model(settings: Settings, requested: str) -> None:
@@ -109,87 +99,3 @@ def sampling_params(
         return [base]
     # Each choice is its own sample; with a seed, choice i uses seed + i so all differ yet repeat.
     return [replace(base, seed=None if base.seed is None else base.seed + i) for i in range(request.n)]
-
-
-@dataclass(slots=True)
-class ChoiceResult:
-    text: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    num_prompt_tokens: int = 0
-
-
-async def collect(source: OutputSource) -> list[ChoiceResult]:
-    """Gather a whole non-streamed response; an engine error becomes a 500 (or 503)."""
-    results = [ChoiceResult() for _ in source.request_ids]
-    async with source:
-        while not source.finished:
-            for output in await source.next_outputs():
-                result = results[source.index[output.request_id]]
-                raise_if_failed(output)
-                result.text.append(output.text)
-                result.token_ids += output.token_ids
-                result.logprobs += output.logprobs
-                result.finish_reason = output.finish_reason
-                result.num_prompt_tokens = output.num_prompt_tokens
-    return results
-
-
-def raise_if_failed(output: RequestOutput) -> None:
-    if output.error is None:
-        return
-    if output.finish_reason is FinishReason.REJECTED:  # dropped unrun: retrying later can work
-        raise service_unavailable(f"The server is overloaded: {output.error}.", RETRY_AFTER_SECONDS)
-    raise server_error(f"The server had an error while generating: {output.error}")
-
-
-class ClientDisconnected(Exception):
-    """The client closed the connection before the response was ready."""
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Run `work`, cancelling it (and so aborting its engine requests) if the client leaves.
-
-    Streaming responses notice a disconnect on their own; a plain JSON response would go on
-    generating for nobody, holding a slot, so this watches the connection meanwhile.
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            # Let the work's cleanup (abort, refunds) finish before the handler returns.
-            await asyncio.wait({task})
-    if task.cancelled():
-        raise ClientDisconnected
-    return task.result()
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-def chat_logprobs_json(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob]) -> list[dict[str, object]]:
-    return [
-        chat_logprob_entry(
-            tokenizer.token_text(lp.token_id),
-            lp.logprob,
-            [(tokenizer.token_text(alt), alt_lp) for alt, alt_lp in lp.top],
-            token_bytes=tokenizer.token_bytes(lp.token_id),
-        )
-        for lp in logprobs
-    ]
-
-
-def finish_reason_text(reason: FinishReason | None) -> str | None:
-    if reason is None:
-        return None
-    # abort/error never reach a client as a finish reason; report them as a plain stop.
-    return reason.value if reason in (FinishReason.STOP, FinishReason.LENGTH) else "stop"

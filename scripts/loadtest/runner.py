@@ -19,8 +19,8 @@ from typing import Any, TextIO
 
 import httpx
 
-from app.loadtest.client import RequestResult, RetryPolicy, send_request
-from app.loadtest.workload import Workload, WorkloadSpec, poisson_arrivals
+from scripts.loadtest.client import RequestResult, RetryPolicy, send_request
+from scripts.loadtest.workload import Workload, WorkloadSpec, poisson_arrivals
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,6 @@ EXPOSE 8000
 # Liveness only (/health answers while the model loads); readiness is /ready, for the orchestrator.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD python3 -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('SURGE_PORT', '8000'), timeout=4)"
-# SIGTERM starts the graceful shutdown (README "Graceful shutdown"); a second one forces the exit.
+# SIGTERM starts the graceful shutdown (docs/operations.md, "Graceful shutdown"); a second one forces the exit.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["surge", "serve"]

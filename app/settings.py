@@ -41,7 +41,7 @@ class Option:
         return Settings.__dataclass_fields__[self.name].default
 
 
-# The single list of serve options: the CLI, the environment and the README table come from it.
+# The single list of serve options: the CLI, the environment and the table of docs/configuration.md come from it.
 OPTIONS: tuple[Option, ...] = (
     Option(
         "model",

@@ -4,7 +4,7 @@
 
 Send the same key on every retry of one logical request: surge runs the model once and answers a
 retry of a finished request with the stored response, byte for byte, marked
-`Idempotent-Replayed: true` (README, "Idempotency keys"). The SDK never sends a key by itself.
+`Idempotent-Replayed: true` (docs/traffic.md, "Idempotency keys"). The SDK never sends a key by itself.
 Environment: SURGE_BASE_URL, SURGE_API_KEY, SURGE_MODEL_NAME (see openai_sync.py).
 """
 

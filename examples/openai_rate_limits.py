@@ -3,7 +3,7 @@
     surge serve --rate-limit-rpm 60 --rate-limit-tpm 40000 &
     SURGE_BASE_URL=http://127.0.0.1:8000/v1 python examples/openai_rate_limits.py
 
-The headers are there only for the limits that are on (README, "Rate limits"). `with_raw_response`
+The headers are there only for the limits that are on (docs/traffic.md, "Rate limits"). `with_raw_response`
 returns the HTTP response; `.parse()` gives the same typed object a plain call returns.
 Environment: SURGE_BASE_URL, SURGE_API_KEY, SURGE_MODEL_NAME (see openai_sync.py).
 """

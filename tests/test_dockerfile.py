@@ -1,7 +1,7 @@
 """The Dockerfile, checked without a Docker engine: parsed by a small parser and held to our rules.
 
 What this cannot check: that the image builds, that pip resolves, that the container starts.
-No Docker engine runs where the tests run (the README says so).
+No Docker engine runs where the tests run (docs/operations.md says so).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ A `--keys-file` of ten keys, each with its own limits:
   half of what its requests bucket refills): every request should succeed;
 - one key bound by its tokens bucket (`tokens_tpm`), sending twice the quiet rate;
 - one noisy key, rpm `noisy_rpm`, sending 20x the quiet rate: its bucket empties at once.
-A bucket holds one minute's worth and refills at limit / 60 per second (README, "Rate limits"),
+A bucket holds one minute's worth and refills at limit / 60 per second (docs/traffic.md, "Rate limits"),
 so over a window of W seconds a key can have at most limit x (1 + W / 60) requests (or tokens,
 prompt + completion, as usage reports them) succeed.
 

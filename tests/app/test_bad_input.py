@@ -3,7 +3,7 @@
 Every case runs against both endpoints where it applies, streamed and not, through a real
 server with API keys and a tokens-per-minute limit on. None of them may reach the model (the
 engine's step counter stays put) or cost tokens from the caller's bucket; a request takes 1
-from the requests bucket before its body is read (README, "Rate limits"), which is why the
+from the requests bucket before its body is read (docs/traffic.md, "Rate limits"), which is why the
 requests limit is left off here.
 """
 

@@ -1,4 +1,4 @@
-"""k8s/ as kustomize builds it: schema-valid, and saying what the README promises.
+"""k8s/ as kustomize builds it: schema-valid, and saying what docs/operations.md promises.
 
 Schemas: the `kubernetes-validate` package's bundled Kubernetes JSON schemas, offline and strict
 (unknown fields fail). KEDA's ScaledObject is a CRD the package has no schema for, so it is

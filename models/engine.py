@@ -13,7 +13,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,10 +26,11 @@ from models.loader import LoadedModel
 from models.model_runner import ModelRunner, Runner
 from models.observer import NULL_OBSERVER, EngineObserver
 from models.outputs import EngineDeadError, RequestOutput, TokenLogprob
+from models.queue_deadline import QueueDeadline
 from models.sampler import Sampler, SamplingRow, make_generator
 from models.sampling_params import SamplingParams
 from models.scheduler import Scheduler, SchedulerOutput
-from models.sequence import FinishReason, Sequence, SequenceStatus
+from models.sequence import FinishReason, Sequence
 
 log = logging.getLogger("surge.engine")
 
@@ -74,9 +74,7 @@ class EngineCore:
         # step run): the engine process ships that iteration's outputs and figures from here.
         self._on_iteration = on_iteration
         self.load_stats = LoadStats(clock=clock)
-        # Waiting requests in arrival order, for the queue deadline (the scheduler's queue is
-        # in priority order). Entries of requests already running or gone are skipped lazily.
-        self._arrivals: deque[Sequence] = deque()
+        self._deadline = QueueDeadline(config.max_queue_seconds)
         self.kv_usage = 0.0
         self.tokenizer = loaded.tokenizer
         self.runner: Runner
@@ -278,19 +276,11 @@ class EngineCore:
 
     def _expire_waiting(self) -> list[RequestOutput]:
         """Drop requests that waited longer than max_queue_seconds, without using the model."""
-        arrivals = self._arrivals
-        while arrivals and arrivals[0].status is not SequenceStatus.WAITING:
-            arrivals.popleft()
-        if not self.config.max_queue_seconds or not arrivals:
-            return []
-        deadline = self.clock() - self.config.max_queue_seconds
         outputs = []
-        while arrivals and arrivals[0].arrival_time < deadline:
-            seq = arrivals.popleft()
-            if seq.status is SequenceStatus.WAITING:
-                self._finish(seq, FinishReason.REJECTED)
-                message = f"the request waited more than {self.config.max_queue_seconds:g} s in the queue"
-                outputs.append(self._error_output(seq, message, FinishReason.REJECTED))
+        for seq in self._deadline.expired(self.clock()):
+            self._finish(seq, FinishReason.REJECTED)
+            message = f"the request waited more than {self.config.max_queue_seconds:g} s in the queue"
+            outputs.append(self._error_output(seq, message, FinishReason.REJECTED))
         return outputs
 
     def _record_plan(self, plan: SchedulerOutput) -> None:
@@ -325,7 +315,7 @@ class EngineCore:
                 continue
             self._num_inbox_taken += 1  # after the scheduler counts it
             self._requests[item.seq.request_id] = item
-            self._arrivals.append(item.seq)
+            self._deadline.add(item.seq)
 
     def _abort(self, request_id: str) -> None:
         seq = self.scheduler.abort(request_id)

@@ -35,7 +35,7 @@ log = logging.getLogger("surge.metrics")
 
 # From a small model's CPU decode step (a few ms) to a long generation on a busy GPU (a minute).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
-# One token apart: a GPU decode step is ~5-50 ms, a CPU one ~1-100 ms.
+# One token apart: from a tiny model's CPU decode step to a large model's on a busy GPU.
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Engine workers per process: one engine thread. Per-worker queue depth is the HPA's metric.

@@ -42,9 +42,10 @@ async def start_generation(
     priority: int,
     endpoint: str,
 ) -> Started:
-    """Run the after-parse layers on one request; the source to render, its choice_params as degraded and
-    the response headers (the degradation level, when one applied)."""
-    assert state.pipeline is not None  # built with the engine, and routes run only once it is ready
+    """Run the after-parse layers on one request: the source to render, the sampling parameters of
+    its choices as degraded, and the response headers (the degradation level, when one applied)."""
+    if state.pipeline is None:  # built with the engine; the routes ask for the engine first
+        raise state.not_ready_error()
     # A keys-file tier is the base priority of everything the key sends.
     priority += int(request.scope.get("state", {}).get("priority_tier", 0))
     generation = Generation(request.scope, request.headers, endpoint, prompts, list(choice_params), priority)

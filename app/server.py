@@ -59,8 +59,8 @@ def create_app(
             )
             state.pipeline = build_pipeline(settings, state, state.engine)
             # The imports, the tokenizer and the app are here for good: keep them out of the
-            # garbage collector's walks, which otherwise cost the event loop ~15% of its time
-            # under load (full collections over torch's and transformers' objects).
+            # garbage collector's walks: full collections over torch's and transformers' objects
+            # otherwise take a good share of the event loop's time under load.
             gc.collect()
             gc.freeze()
             log.info("ready: serving %s as %r", settings.model, settings.model_name)

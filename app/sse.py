@@ -4,6 +4,15 @@ Each event is one JSON object on a `data:` line. While a stream has nothing to s
 or a slow prefill) a comment line goes out every few seconds, because proxies cut streams
 that are silent for 60 s; the openai SDK and curl ignore comments. The payloads come from the
 engine as whole characters, so no event ever carries half a UTF-8 character.
+
+NOTE: hand-written on Starlette's StreamingResponse rather than sse-starlette's
+EventSourceResponse, on purpose: side by side under the overhead bench this module streams more
+events per second for less server CPU (docs/performance.md, "SSE"). Per stream it runs four tasks
+(sender, ping, exit watcher, disconnect listener) and a cancel scope per send, and it cannot end the
+body with the last events in one write (`LastEvents`). Its exit watcher also cancels open streams
+when the server receives SIGTERM, where surge's shutdown (app/shutdown.py) lets them run to the end.
+What it would bring is here already: keep-alive comments (app/streaming.py), disconnect detection
+(Starlette's, under uvicorn's ASGI 2.3), cleanup however the response ends (`SSEResponse`).
 """
 
 from __future__ import annotations

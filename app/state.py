@@ -90,8 +90,8 @@ async def generation_inputs(
     refusals come: a full queue before the body is read, a bad body (400) before the engine's
     readiness (503) is asked.
 
-    NOTE: plain calls rather than FastAPI dependencies: solving four `Depends` per request was
-    ~20% of the HTTP process's CPU per request."""
+    NOTE: plain calls rather than FastAPI dependencies: solving four `Depends` per request was a
+    fifth of the HTTP process's CPU per request (docs/engine.md, measurements)."""
     await refuse_when_queue_full(request)
     body = await parse_body(request)
     state: ServerState = request.app.state.surge

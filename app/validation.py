@@ -35,8 +35,8 @@ MIN_MEASURED_CHARS = 64
 def check_text_fits(engine: AsyncEngine, texts: Sequence[str], param: str) -> None:
     """Reject a prompt too long for the context before tokenizing all of it.
 
-    Tokenizing runs on the event loop at about 1.4 s per MB on one core: an 8 MB prompt would
-    stall every other request for ten seconds only to be refused. When the texts are long, each
+    Tokenizing runs on the event loop, at seconds per megabyte: a prompt of several megabytes
+    would stall every other request for seconds only to be refused. When the texts are long, each
     is tokenized up to a prefix of max_model_len x PREFIX_CHARS_PER_TOKEN characters; the
     counts, less BOUNDARY_TOKENS each, are a lower bound of the whole prompt's length, so a
     prompt refused here would have been refused after tokenizing it whole. Otherwise the caller

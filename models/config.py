@@ -14,9 +14,9 @@ class SchedulerConfig:
     max_num_seqs: int = 32
     # Tokens one step may feed the model (decode rows count one each). Bounds how long a long
     # prompt can stall running streams: the rest of the prompt waits for the next step. 2048 is
-    # vLLM's default for its API server below H100-class devices; at 512 a burst of 32 chat
-    # requests (~1,050 prompt tokens) took three prefill steps instead of one, and its TTFT p99
-    # was 1.2-1.6x what it is at 2048 (bench, m and l, N = 32).
+    # vLLM's default for its API server below H100-class devices, and holds a burst of 32 chat
+    # requests in one prefill step, where 512 took three and a worse TTFT tail (docs/engine.md,
+    # measurements).
     max_num_batched_tokens: int = 2048
     # Prompt plus generated tokens of one sequence; 0 takes the model's own limit.
     max_model_len: int = 0
@@ -25,10 +25,10 @@ class SchedulerConfig:
     # but an interactive caller gives up far sooner), shorter than a queue that never drains.
     max_queue_seconds: float = 120.0
     # While sequences decode, one prompt gets at most this many tokens per step, so a long prompt
-    # cannot freeze running streams for one big step (on CPU a 2,048-token prefill of the `m`
-    # model is a ~300 ms gap between two tokens of every stream; four 512-token chunks, ~60 ms
-    # each). Short prompts are not held back, however many arrive together, nor is anything when
-    # nothing decodes (an idle engine): their first tokens come first. 0 = no such cap. (vLLM's
+    # cannot freeze running streams for one big step (on CPU a 2,048-token prefill is a long gap
+    # between two tokens of every stream; four 512-token chunks are four short ones). Short
+    # prompts are not held back, however many arrive together, nor is anything when nothing
+    # decodes (an idle engine): their first tokens come first. 0 = no such cap. (vLLM's
     # `long_prefill_token_threshold` caps long prompts always, decoding or not.)
     max_prompt_chunk_while_decoding: int = 512
 

@@ -1,9 +1,9 @@
 """Starting the engine's child process, from a module that imports neither torch nor transformers.
 
 Why its own module: `surge serve` starts the child first thing, before the server imports its
-own half (FastAPI, the tokenizer, transformers and with it torch: ~4.5 s on 2 cores), so the
-child's imports and model load run beside the server's instead of after them (time to /ready
-14 s -> 6 s for `--model echo` and for the tiny m model on the 2-core dev VM). A `spawn` child
+own half (FastAPI, the tokenizer, transformers and with it torch: seconds on a small machine),
+so the child's imports and model load run beside the server's instead of after them (time to
+/ready: docs/engine.md, measurements). A `spawn` child
 unpickles its target by module and name, so the target (`_main`) must live where importing it is
 cheap in the parent.
 

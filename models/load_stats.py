@@ -36,15 +36,14 @@ MIN_FINISHES_FOR_ERROR_RATE = 20
 
 # How old a `window()` result may be. NOTE: it sorts every sample of the window (thousands under
 # load) and every request's admission asks for it, as does every 503 (its Retry-After): computed
-# afresh each time it was ~15% of the HTTP process's CPU per request. Load shedding reacts over
-# seconds; 100 ms of staleness changes nothing.
+# afresh each time it was a good share of the HTTP process's CPU per request. Load shedding reacts
+# over seconds; 100 ms of staleness changes nothing.
 WINDOW_MAX_AGE_SECONDS = 0.1
 
 # The most events each window keeps: the newest ones, when more than this arrive within
-# window_seconds. Without it a window grows with the request rate (at 1,000 requests/s, 30,000
-# entries per window, and every recomputation sorts them: ~4% of the HTTP process's CPU in a
-# flood of short requests). A p90 or an error rate over the last 4,096 events is as good a
-# load signal as over all of them.
+# window_seconds. Without it a window grows with the request rate, and every recomputation sorts
+# it (a flood of short requests paid for that in the HTTP process's CPU). A p90 or an error rate
+# over the last 4,096 events is as good a load signal as over all of them.
 MAX_WINDOW_EVENTS = 4096
 
 

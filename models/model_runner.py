@@ -66,9 +66,9 @@ class ModelRunner:
         self.packed = packed if packed is not None else _supports_packed(model)
         if self.device.type == "cuda":
             # cuDNN's attention builds an execution plan for every new input shape, and a decode
-            # step's keys are one longer each step: on an H200 (bf16, torch 2.11) each step paid a
-            # new plan, ~45 ms against a ~10 ms step. Flash and memory-efficient kernels take any
-            # length. Process-wide: this process runs one model.
+            # step's keys are one longer each step: on an H200 each step paid a new plan, several
+            # times the step itself. Flash and memory-efficient kernels take any length.
+            # Process-wide: this process runs one model.
             torch.backends.cuda.enable_cudnn_sdp(False)
         if self.packed:
             AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
@@ -149,7 +149,7 @@ class ModelRunner:
             plan.chunk_slots = torch.tensor([g.slot for g in groups], device=device)
             plan.chunk_real = torch.tensor(real_rows, device=device)
         pad = torch.tensor(is_pad, device=device)[None]
-        # Causal chunks need no mask rows: the decode block's alone (a 2048-token step's full mask is 16 MB).
+        # Causal chunks need no mask rows: the decode block's alone (a big step's full mask is megabytes).
         rows = slice(num_rows) if plan.causal_chunks else slice(None)
         mask = self._mask(pos[:, rows], pad[:, rows], read_len)
         self.cache.plan = _active.plan = plan

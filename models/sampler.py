@@ -7,10 +7,10 @@ scheduler: the engine hands it one `SamplingRow` per sequence and gets plain Pyt
 Deliberate choices (timings: one CPU thread, 32 rows):
 - NOTE: a sampled row draws ONE uniform number and inverts its cumulative distribution
   (`searchsorted` over a `cumsum`), rather than racing Exponential(1) noise over its candidates.
-  torch's CPU `exponential_` costs ~3.7 ms at 32x8192 and ~70 ms at 32x151936, while the cumsum
-  that top-p needs anyway makes the inverse CDF nearly free. One number per row also makes a
+  torch's CPU `exponential_` costs milliseconds at a large vocabulary, while the cumsum that
+  top-p needs anyway makes the inverse CDF nearly free (docs/engine.md, measurements). One number per row also makes a
   seeded row's draw independent of the other rows in the batch by construction.
-- NOTE: top-p without top-k never sorts the vocabulary (a full sort is 10 ms per row at 151936).
+- NOTE: top-p without top-k never sorts the vocabulary (a full sort costs milliseconds a row).
   It draws from the whole distribution and rejects draws outside the nucleus; a rejected draw's
   probability is a floor under which the nucleus cannot lie, so the redraw is from a strictly
   smaller set (FlashInfer's pivot idea). At most 1 - top_p of first draws are rejected, and a
@@ -65,9 +65,9 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
 def _argmax_rows(logits: torch.Tensor) -> list[int]:
     """Each row's argmax (ties: the first index; NaN counts as the largest, as in torch).
 
-    On the CPU through numpy: torch's CPU argmax over (32, 8192) float32 took 450 us on one
-    thread, numpy's 18 us, and this is on every greedy step (a decode step of the m model is
-    ~8.7 ms). numpy has no bfloat16: other dtypes, and GPUs, stay with torch."""
+    On the CPU through numpy: torch's CPU argmax over a batch of float32 logits takes many times
+    numpy's, and this is on every greedy step (docs/engine.md, measurements). numpy has no
+    bfloat16: other dtypes, and GPUs, stay with torch."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return list(logits.numpy().argmax(-1).tolist())
     return list(logits.argmax(-1).tolist())
@@ -274,8 +274,8 @@ def _sample_nucleus(
     for _ in range(MAX_NUCLEUS_ROUNDS):
         if not pending:
             return tokens
-        # NOTE: a per-row threshold (keep what is strictly above the floor) is ~4x faster on
-        # CPU than one batched multiply by a comparison mask, and its sum cannot depend on
+        # NOTE: a per-row threshold (keep what is strictly above the floor) is several times faster
+        # on CPU than one batched multiply by a comparison mask, and its sum cannot depend on
         # which other rows are pending.
         floors = sampled[pending].tolist()
         mass_above = torch.stack(

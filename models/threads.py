@@ -1,11 +1,11 @@
 """torch's intra-op threads on CPU, chosen per engine step.
 
 Decode steps run on `decode` threads (1 by default: a second thread fights the HTTP process and
-the load client for the cores and slows each step 2-3x). A burst of new prompts is different: while the engine
-prefills it, the HTTP process has already handed the requests over and waits for first tokens, so
-the other cores are idle. A step that computes at least `min_prompt_tokens` prompt tokens runs on
-`prefill` threads (on a 2-core Xeon VM a 512-token step of the m model: 41 ms on 1 thread, 24-29 ms
-on 2); the next ordinary step goes back to `decode`. Switching costs a `torch.set_num_threads`
+the load client for the cores and slows every step). A burst of new prompts is different: while the
+engine prefills it, the HTTP process has already handed the requests over and waits for first
+tokens, so the other cores are idle. A step that computes at least `min_prompt_tokens` prompt
+tokens runs on `prefill` threads, where a big step goes nearly twice as fast on two cores as on one
+(docs/engine.md, measurements); the next ordinary step goes back to `decode`. Switching costs a `torch.set_num_threads`
 call, made only when the count changes.
 """
 

@@ -245,8 +245,8 @@ def ensure_tiny(cache_dir: Path | None = None, size: str = DEFAULT_SIZE) -> Path
 
 def ensure_tokenizer(cache_dir: Path | None = None) -> Path:
     """Return the cached directory of the tokenizer alone (the echo model's), building it if missing:
-    training it takes ~2 s on 2 cores, loading it ~30 ms, and the echo server needs it in both
-    of its processes."""
+    training it takes seconds, loading it milliseconds, and the echo server needs it in both of
+    its processes."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return _build_once(root / f"tokenizer-v{BUILD_VERSION}", lambda out: build_tokenizer().save_pretrained(out))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 CORPUS_SEED = 1234
-# About 1.3 MB of pseudo-text: enough distinct words to fill 8192 merges, small enough to train in ~1 s.
+# Enough distinct words to fill 8192 merges, few enough lines to train in a moment.
 CORPUS_LINES = 16_000
 
 # The seed text the corpus is grown from: prose, code, JSON and non-ASCII scripts, so that

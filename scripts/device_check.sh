@@ -84,7 +84,7 @@ for name in ("transformers", "tokenizers", "huggingface_hub", "safetensors", "fa
         print(f"{name:16s} {getattr(module, '__version__', '?'):12s} {module.__file__}")
     except Exception as exc:
         print(f"{name:16s} MISSING: {exc!r}")
-import app.server, models.engine_process, middleware.auth  # noqa: E401,F401  everything surge imports
+import app.server, models.engine_child, middleware.edge.auth  # noqa: E401,F401  everything surge imports
 print("surge imports: ok")
 EOF
 

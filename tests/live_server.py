@@ -1,8 +1,12 @@
-"""Run an ASGI app under a real uvicorn server in a background thread, for HTTP tests.
+"""Run an ASGI app under a real uvicorn server in a background thread, for HTTP tests; and surge
+itself that way (`running_server`), its state within reach of the test.
 
     with serve_app(app) as base_url:
         httpx.get(f"{base_url}/health")
         openai.OpenAI(base_url=f"{base_url}/v1", api_key="k", max_retries=0)
+
+    with running_server(model_dir, max_num_seqs=4) as live:
+        live.url, live.state, live.engine
 
 The port is free by construction: the socket is bound to port 0 here and handed to uvicorn,
 so there is no window in which another process can take it. uvicorn does not install signal
@@ -16,10 +20,20 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
+
+from app.server import create_app
+from app.settings import Settings
+from app.state import ServerState
+from models.async_engine import AsyncEngine
+from scripts.harness.servers import wait_until_ready
+
+MODEL_NAME = "tiny-test"
 
 STARTUP_TIMEOUT_S = 10.0
 # Long enough for in-flight requests to finish; open streams are cut when it runs out.
@@ -72,3 +86,39 @@ def _stop(server: uvicorn.Server, thread: threading.Thread) -> bool:
         server.force_exit = True
         thread.join(JOIN_TIMEOUT_S)
     return not thread.is_alive()
+
+
+@dataclass(frozen=True)
+class LiveServer:
+    url: str
+    state: ServerState
+
+    @property
+    def engine(self) -> AsyncEngine:
+        assert self.state.engine is not None
+        return self.state.engine
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Wait until the engine holds no running or waiting request (fails the test if never)."""
+        deadline = time.monotonic() + timeout
+        core = self.engine.core
+        while core.num_running or core.num_waiting or core._requests:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"engine not idle: running={core.num_running} waiting={core.num_waiting}")
+            time.sleep(0.01)
+
+
+@contextmanager
+def running_server(model: Path | str, **settings: object) -> Iterator[LiveServer]:
+    """`model`: a model directory, or a name `--model` takes (`echo`).
+
+    The engine runs on a thread here unless `engine_mode="process"` is passed: many tests reach
+    into it (its counters, a failing forward pass). The process mode has its own tests
+    (tests/models/test_engine_process.py, tests/app/test_engine_process_http.py) and is what
+    `surge serve` subprocess tests run.
+    """
+    settings.setdefault("engine_mode", "thread")
+    app = create_app(Settings(model=str(model), served_model_name=MODEL_NAME, **settings))  # type: ignore[arg-type]
+    with serve_app(app) as base_url:
+        wait_until_ready(f"{base_url}/ready", 60.0)
+        yield LiveServer(base_url, app.state.surge)

@@ -70,8 +70,8 @@ class LocalResults:
     """Finished results by fingerprint, each kept for `ttl` seconds of `clock`.
 
     Bounded twice, oldest evicted first: at most `max_entries` results, and `max_tokens` tokens
-    in all, where each logprob alternative counts as one more token (measured: ~310 bytes per
-    token of deltas, ~110 per alternative).
+    in all, where each logprob alternative counts as one more token (an alternative costs about a
+    third of a token's deltas: docs/engine.md, measurements).
     """
 
     def __init__(

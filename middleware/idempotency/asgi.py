@@ -245,7 +245,7 @@ def _fingerprint(path: str, body: bytes) -> str:
 
 def _has_error_event(body: bytes) -> bool:
     # The substring test first: a stream's whole body is searched once per stored response, and
-    # the regex alone costs ~0.5 ms on a 15 KB stream.
+    # the regex over all of it costs far more than the test.
     return b'"error"' in body and _ERROR_EVENT.search(body) is not None
 
 

@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,17 +93,14 @@ class ServerProcess(Service):
     def wait_ready(self, timeout: float | None = None) -> None:
         """Until `ready_path` answers 200; RuntimeError (with the log's tail) if the process exits
         first or the time runs out."""
-        assert self.proc is not None, "not launched"
-        deadline = time.monotonic() + (self.ready_timeout_s if timeout is None else timeout)
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + self.ready_path, timeout=5.0).status_code == 200:
-                    return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before ready:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} not ready in time (log: {self.log_path}):\n{self.tail()}")
-            time.sleep(0.1)
+        proc = self.proc
+        assert proc is not None, "not launched"
+        wait_until_ready(
+            self.url + self.ready_path,
+            self.ready_timeout_s if timeout is None else timeout,
+            is_alive=lambda: proc.poll() is None,
+            describe=lambda: f"{self.name} (exit status {proc.poll()}, log {self.log_path}):\n{self.tail()}",
+        )
 
     def start(self) -> None:
         self.launch()
@@ -157,6 +154,27 @@ class ServerProcess(Service):
 
     def cpu_seconds(self) -> float:
         return sum(cpu_seconds(pid) for pid in self.pids())
+
+
+def wait_until_ready(
+    url: str,
+    timeout: float = READY_TIMEOUT_S,
+    *,
+    is_alive: Callable[[], bool] = lambda: True,
+    describe: Callable[[], str] = lambda: "",
+) -> None:
+    """Until GET `url` answers 200, a server's /ready (in a subprocess or in this process); a
+    RuntimeError naming `describe()` if `is_alive()` turns false first or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=5.0).status_code == 200:
+                return
+        if not is_alive():
+            raise RuntimeError(f"exited before {url} was ready: {describe()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} not ready within {timeout:.0f} s: {describe()}")
+        time.sleep(0.05)
 
 
 def surge_argv(model: str | Path, *args: str) -> list[str]:

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.app.conftest import MODEL_NAME, LiveServer, running_server
+from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
 

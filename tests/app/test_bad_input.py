@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.app.conftest import MODEL_NAME, LiveServer, running_server
+from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

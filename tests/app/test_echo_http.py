@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-from tests.app.conftest import MODEL_NAME, running_server
+from tests.live_server import MODEL_NAME, running_server
 
 
 def test_echo_streams_exactly_max_tokens_over_http() -> None:

@@ -31,8 +31,8 @@ import pytest
 import redis
 
 from scripts.harness.redis_server import RedisServer
-from tests.app.conftest import MODEL_NAME, LiveServer, running_server
 from tests.app.fault_tools import metric, wait_idle
+from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 POINTS = ("upload", "queued", "prefill", "stream", "json")
 LONG_PROMPT = " ".join(f"word{i}" for i in range(120))  # ~520 tokens: many prefill chunks of 32

@@ -19,7 +19,7 @@ from app.settings import Settings
 from app.state import ServerState
 from middleware.admission.degradation import DegradationConfig, Degrader
 from models import gpu
-from tests.app.conftest import MODEL_NAME, LiveServer, running_server
+from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
 LONG = {"model": MODEL_NAME, "messages": USER, "max_tokens": 2000, "ignore_eos": True, "stream": True}

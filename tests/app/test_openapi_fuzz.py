@@ -24,7 +24,7 @@ from schemathesis.config import HealthCheck
 
 from app.server import create_app
 from app.settings import Settings
-from tests.app.conftest import MODEL_NAME, LiveServer, running_server
+from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 MAX_EXAMPLES = 30  # per operation and generation mode
 MAX_MODEL_LEN = 48

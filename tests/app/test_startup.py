@@ -11,6 +11,7 @@ import pytest
 from app.server import create_app
 from app.settings import Settings
 from models.engine import EngineCore
+from scripts.harness.servers import wait_until_ready
 from tests.live_server import serve_app
 
 
@@ -38,9 +39,5 @@ def test_ready_is_503_until_warmup_is_done(tiny_model_dir: Path, monkeypatch: py
         assert refused.status_code == 503
         assert "Retry-After" in refused.headers
         release.set()
-        for _ in range(600):
-            if httpx.get(f"{url}/ready").status_code == 200:
-                break
-            threading.Event().wait(0.05)
-        assert httpx.get(f"{url}/ready").status_code == 200
+        wait_until_ready(f"{url}/ready", 30.0)
         assert httpx.post(f"{url}/v1/completions", json=body).status_code == 200

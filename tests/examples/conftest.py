@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.app.conftest import LiveServer, running_server
+from tests.live_server import LiveServer, running_server
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # Every limit is on (so the x-ratelimit-* headers are sent) and far above what the examples use.

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from tests.app.conftest import LiveServer
 from tests.examples.conftest import EXAMPLES, run_example
+from tests.live_server import LiveServer
 
 
 @pytest.mark.skipif(shutil.which("curl") is None or shutil.which("bash") is None, reason="needs curl and bash")

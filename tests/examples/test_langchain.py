@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from tests.app.conftest import LiveServer
 from tests.examples.conftest import run_python_example
+from tests.live_server import LiveServer
 
 
 def test_chat_openai_invokes_and_streams(examples_server: LiveServer) -> None:

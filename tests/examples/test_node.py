@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from tests.app.conftest import LiveServer
 from tests.examples.conftest import EXAMPLES, run_example
+from tests.live_server import LiveServer
 
 NODE_EXAMPLE = EXAMPLES / "node"
 

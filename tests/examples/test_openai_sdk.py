@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from tests.app.conftest import LiveServer
 from tests.examples.conftest import metric_total, run_python_example
+from tests.live_server import LiveServer
 
 
 def test_sync_prints_a_chat_and_a_text_completion(examples_server: LiveServer) -> None:

@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 
-from tests.app.conftest import MODEL_NAME, running_server
 from tests.examples.conftest import EXAMPLES, example_env, metric_total
+from tests.live_server import MODEL_NAME, running_server
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
 LONG = {"model": MODEL_NAME, "messages": USER, "max_tokens": 2000, "ignore_eos": True, "stream": True}

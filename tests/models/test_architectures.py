@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from models.async_engine import AsyncEngine
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
 from models.sampling_params import SamplingParams
-from tests.app.conftest import MODEL_NAME, running_server
+from tests.live_server import MODEL_NAME, running_server
 
 
 def reference_greedy(model_dir: Path, device: str, prompt: list[int], max_new_tokens: int) -> list[int]:

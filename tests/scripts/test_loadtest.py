@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from scripts.loadtest.cli import main as loadtest_main
-from tests.app.conftest import LiveServer, running_server
+from tests.live_server import LiveServer, running_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Small requests so a two-second run finishes many of them on 2 cores.

@@ -5,7 +5,6 @@ against a real `surge serve`-equivalent app (SSE, usage, TTFT)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,8 +16,8 @@ from starlette.routing import Route
 
 from scripts.benchkit.load import stream_chat
 from scripts.benchkit.rawhttp import RawHttpClient, RawHttpError
-from tests.app.conftest import MODEL_NAME, running_server
-from tests.live_server import serve_app
+from scripts.harness.ports import free_port
+from tests.live_server import MODEL_NAME, running_server, serve_app
 
 
 async def chunked(request: Request) -> Response:
@@ -96,12 +95,9 @@ async def test_an_abandoned_stream_closes_its_connection(base_url: str) -> None:
 
 
 async def test_a_refused_connection_is_a_rawhttp_error() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # bound, not listening: connections are refused
-        client = RawHttpClient(f"http://127.0.0.1:{port}")
-        with pytest.raises(RawHttpError):
-            await fetch(client, "/")
+    client = RawHttpClient(f"http://127.0.0.1:{free_port()}")  # nothing listens there: refused
+    with pytest.raises(RawHttpError):
+        await fetch(client, "/")
     with pytest.raises(ValueError):
         RawHttpClient("https://example.com")
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from middleware.admission.degradation import DegradationConfig, Degrader
-from tests.app.conftest import MODEL_NAME, LiveServer, running_server
+from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
 LONG = {"model": MODEL_NAME, "messages": USER, "max_tokens": 2000, "ignore_eos": True, "stream": True}

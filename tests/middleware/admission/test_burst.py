@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.app.conftest import MODEL_NAME, running_server
+from tests.live_server import MODEL_NAME, running_server
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
 LONG = {"model": MODEL_NAME, "messages": USER, "max_tokens": 1500, "ignore_eos": True, "stream": True}

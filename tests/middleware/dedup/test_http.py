@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.app.conftest import MODEL_NAME, running_server
+from tests.live_server import MODEL_NAME, running_server
 
 BODY = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "same"}], "max_tokens": 60, "temperature": 0}
 

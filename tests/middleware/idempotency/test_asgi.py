@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from scripts.harness.redis_server import RedisServer
-from tests.app.conftest import MODEL_NAME, LiveServer, running_server
+from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "Tell me about the sea."}]

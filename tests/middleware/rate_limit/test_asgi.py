@@ -21,7 +21,7 @@ from middleware.rate_limit.asgi import RateLimitMiddleware
 from middleware.rate_limit.buckets import InProcessBuckets, RedisBuckets
 from middleware.rate_limit.limits import Limits, go_duration
 from scripts.harness.redis_server import RedisServer
-from tests.app.conftest import MODEL_NAME, LiveServer, running_server
+from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
 GLOBAL_RPM, GLOBAL_TPM = 600, 60_000

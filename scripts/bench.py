@@ -73,7 +73,7 @@ from scripts.benchkit.plots import is_plottable, write_plots
 from scripts.benchkit.report import COLUMNS, VS_OFF_COLUMNS, add_vs_off, format_cell, markdown_table, render
 from scripts.harness.procs import cpu_model
 from scripts.harness.redis_server import RedisServer
-from scripts.harness.servers import REPO_ROOT, ServerProcess
+from scripts.harness.servers import REPO_ROOT, ServerProcess, surge_argv
 from scripts.harness.stats import percentile
 
 __all__ = [
@@ -230,8 +230,7 @@ def surge_server(
     model_dir: Path, concurrency: int, args: argparse.Namespace, stack: StackMode | None = None
 ) -> BenchServer:
     """`surge serve` as the bench runs it; `stack=None` is the plain run at the server's defaults."""
-    argv = [sys.executable, "-m", "app.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1"]
-    argv += ["--port", "{port}", "--num-threads", str(args.threads), "--max-num-seqs", str(max(concurrency, 32))]
+    argv = surge_argv(model_dir, "--num-threads", str(args.threads), "--max-num-seqs", str(max(concurrency, 32)))
     argv += ["--prefill-threads", str(args.prefill_threads)]
     if args.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]

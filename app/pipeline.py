@@ -79,6 +79,7 @@ def build_pipeline(settings: Settings, state: ServerState, engine: AsyncEngine) 
             shed_priority=settings.admission.shed_priority,
             text=canned,
             token_ids=engine.tokenizer.hf.encode(canned, add_special_tokens=False),
+            shed=admission.shed,
         ),
         "dedup": DedupLayer(state.dedup, model=settings.model_name),
     }

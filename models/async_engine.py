@@ -26,6 +26,7 @@ from models.engine import EngineCore
 from models.engine_process import EngineProcess
 from models.engine_spawn import SpawnedEngine
 from models.gpu import GpuStat
+from models.grammar import GrammarCompiler
 from models.load_stats import LoadSnapshot
 from models.loader import load_model, resolve_max_model_len
 from models.observer import NULL_OBSERVER, EngineObserver
@@ -171,6 +172,9 @@ class AsyncEngine:
     ) -> None:
         self.core = core
         self.tokenizer = tokenizer
+        # The server's side of grammars: checks a request's grammar before it is submitted (the
+        # engine compiles its own copy where it runs).
+        self.grammars = GrammarCompiler(tokenizer.hf, tokenizer.vocab_size, tokenizer.eos_token_ids)
         self.config = config
         self._groups = groups  # request id -> its group; shared with the publish callback
         self._ids = itertools.count()

@@ -21,6 +21,7 @@ from models.detokenizer import IncrementalDetokenizer
 from models.echo import EchoRunner, echo_token_ids
 from models.faults import forward_faults_from_env
 from models.gpu import GpuStat, read_gpu_stats
+from models.grammar import GrammarCompiler, GrammarError
 from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
 from models.model_runner import ModelRunner, Runner
@@ -43,6 +44,8 @@ class _Request:
     detokenizer: IncrementalDetokenizer
     row: SamplingRow
     last_token_time: float = 0.0  # engine clock, for the inter-token gaps
+    # Why the request cannot run (its grammar failed to compile), answered when the loop takes it.
+    refusal: str | None = None
 
 
 class _Stop:
@@ -83,6 +86,7 @@ class EngineCore:
         else:
             self.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len)
         self.sampler = Sampler(loaded.vocab_size, self.runner.device)
+        self.grammars = GrammarCompiler(loaded.tokenizer.hf, loaded.vocab_size, loaded.tokenizer.eos_token_ids)
         self._threads = loaded.threads
         self.scheduler = Scheduler(config, loaded.tokenizer.eos_token_ids)
         self._publish = publish
@@ -109,15 +113,25 @@ class EngineCore:
         priority: int = 0,
         arrival_time: float | None = None,
     ) -> None:
-        """`arrival_time` (engine clock): when the request arrived, if earlier than now."""
+        """`arrival_time` (engine clock): when the request arrived, if earlier than now.
+
+        A grammar is compiled here, on the caller's thread (in the engine process, the thread that
+        reads the pipe), so a new schema never holds up the running batch's steps."""
         if self.dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
         arrived = self.clock() if arrival_time is None else arrival_time
         seq = Sequence(request_id, list(prompt_token_ids), params, priority, arrival_time=arrived)
         generator = make_generator(params.seed, self.runner.device) if params.seed is not None else None
         detokenizer = IncrementalDetokenizer(self.tokenizer.decode, seq.prompt_token_ids, params.stop)
+        row = SamplingRow(params, generator, seq.output_token_ids)
+        request = _Request(seq, detokenizer, row)
+        if params.grammar is not None:
+            try:
+                row.matcher = self.grammars.matcher(params.grammar)
+            except GrammarError as exc:
+                request.refusal = f"the response format cannot be enforced: {exc}"
         self._num_inbox_added += 1  # before the put: counted early rather than missed
-        self._inbox.put(_Request(seq, detokenizer, SamplingRow(params, generator, seq.output_token_ids)))
+        self._inbox.put(request)
 
     def abort_request(self, request_id: str) -> None:
         self._inbox.put(request_id)
@@ -252,6 +266,17 @@ class EngineCore:
                 gaps.append(now - request.last_token_time)
             request.last_token_time = now
             text, stopped = request.detokenizer.push(token_id)
+            error = None
+            matcher = request.row.matcher
+            if matcher is not None and reason is None and not stopped:
+                # The grammar's state follows the token; a finished document ends the request
+                # without spending a step on the end-of-sequence token.
+                if not matcher.consume_token(token_id):
+                    reason, error = FinishReason.ERROR, f"the grammar rejected a token: {matcher.get_error()}"
+                elif matcher.is_stopped():
+                    reason = FinishReason.STOP
+                if reason is not None:
+                    self.scheduler.finish(seq, reason)
             if stopped:
                 self.scheduler.finish(seq, FinishReason.STOP)  # a no-op if it stopped on its token too
                 reason = FinishReason.STOP
@@ -268,6 +293,7 @@ class EngineCore:
                     seq.num_output_tokens,
                     [logprob] if logprob is not None else [],
                     reason,
+                    error,
                 )
             )
         if gaps:
@@ -306,6 +332,10 @@ class EngineCore:
                 return False
             if isinstance(item, str):
                 self._abort(item)
+                continue
+            if item.refusal is not None:
+                self._num_inbox_taken += 1
+                self._publish([self._error_output(item.seq, item.refusal)])
                 continue
             try:
                 self.scheduler.add(item.seq)

@@ -1,7 +1,7 @@
 """The engine's per-step sampler: one step's logits in, one next token per sequence out.
 
-Owns logit processing (logit_bias, presence/frequency penalties, temperature, top-k, top-p), the
-random draw, and the logprobs the API reports. It knows nothing of HTTP, tokenizers or the
+Owns logit processing (logit_bias, presence/frequency penalties, grammar masks, temperature,
+top-k, top-p), the random draw, and the logprobs the API reports. It knows nothing of HTTP, tokenizers or the
 scheduler: the engine hands it one `SamplingRow` per sequence and gets plain Python values back.
 
 Deliberate choices (timings: one CPU thread, 32 rows):
@@ -29,7 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from llguidance import LLMatcher
 
+from models.grammar import fill_disallowed
 from models.outputs import TokenLogprob
 from models.sampling_params import SamplingParams
 
@@ -47,6 +49,9 @@ class SamplingRow:
     generator: torch.Generator | None = None
     # Tokens generated so far: presence/frequency penalties count over these (not the prompt).
     output_token_ids: list[int] = field(default_factory=list)
+    # Set iff params.grammar is not None: the sequence's grammar state (models/grammar.py), which
+    # the engine advances with each sampled token. The sampler only reads its mask.
+    matcher: LLMatcher | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +94,11 @@ class Sampler:
         """logits: (B, V) of any float dtype, row i belonging to rows[i]. Never modified."""
         if logits.dim() != 2 or logits.shape[0] != len(rows) or logits.shape[1] != self.vocab_size:
             raise ValueError(f"expected logits of shape ({len(rows)}, {self.vocab_size}), got {tuple(logits.shape)}")
-        if all(_is_plain_greedy(row.params) for row in rows):
+        if all(_is_plain_greedy(row) for row in rows):
             # The common case pays for one argmax and one device-to-host copy.
             return SampleResult(_argmax_rows(logits), [None] * len(rows))
 
+        masks = _GrammarMasks.of(rows, self.vocab_size, logits.device)
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # (B,)
         greedy: list[int] = []
         by_top_k: dict[int, list[int]] = {}  # 0: no top-k (whole vocabulary)
@@ -103,19 +109,58 @@ class Sampler:
                 top_k = row.params.top_k if row.params.top_k < self.vocab_size else 0
                 by_top_k.setdefault(top_k, []).append(i)
         if greedy:
-            x = _group_logits(logits, rows, greedy, private=False)  # (g, V)
+            x = _group_logits(logits, rows, greedy, masks, private=False)  # (g, V)
             tokens[_index(greedy, logits.device)] = x.argmax(-1)
         for top_k, group in by_top_k.items():
             # Only the whole-vocabulary path works in place, so only it needs a private copy.
-            x = _group_logits(logits, rows, group, private=top_k == 0)  # (n, V)
+            x = _group_logits(logits, rows, group, masks, private=top_k == 0)  # (n, V)
             tokens[_index(group, logits.device)] = _sample_group(x, top_k, [rows[i] for i in group])
 
         token_ids = tokens.tolist()
         return SampleResult(token_ids, _logprobs(logits, rows, tokens, token_ids))
 
 
-def _is_plain_greedy(params: SamplingParams) -> bool:
-    return params.is_greedy and not params.logit_bias and not params.has_penalties and params.logprobs is None
+@dataclass(frozen=True, slots=True)
+class _GrammarMasks:
+    """One step's grammar masks: `disallowed[k]` (True: forbidden) belongs to row `rows[k]`."""
+
+    rows: list[int]  # sorted positions of the constrained rows in the step
+    disallowed: torch.Tensor | None  # (len(rows), V) bool on the logits' device; None if no row
+
+    @classmethod
+    def of(cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device) -> _GrammarMasks:
+        constrained = [i for i, row in enumerate(rows) if row.matcher is not None]
+        if not constrained:
+            return cls([], None)
+        disallowed = fill_disallowed([rows[i].matcher for i in constrained], vocab_size)  # type: ignore[misc]
+        return cls(constrained, disallowed.to(device, non_blocking=True))
+
+    def apply(self, x: torch.Tensor, group: list[int]) -> None:
+        """Sets x's forbidden logits to -inf, in place; x (n, V) holds the rows at `group`."""
+        if self.disallowed is None:
+            return
+        if group == self.rows:  # every row of the group constrained: one call
+            x.masked_fill_(self.disallowed, float("-inf"))
+            return
+        mask_of = {row: k for k, row in enumerate(self.rows)}
+        for j, row in enumerate(group):
+            k = mask_of.get(row)
+            if k is not None:
+                x[j].masked_fill_(self.disallowed[k], float("-inf"))
+
+    def covers(self, group: list[int]) -> bool:
+        return self.disallowed is not None and not set(group).isdisjoint(self.rows)
+
+
+def _is_plain_greedy(row: SamplingRow) -> bool:
+    params = row.params
+    return (
+        params.is_greedy
+        and row.matcher is None
+        and not params.logit_bias
+        and not params.has_penalties
+        and params.logprobs is None
+    )
 
 
 def _index(positions: list[int], device: torch.device) -> torch.Tensor:
@@ -130,9 +175,10 @@ def _take_rows(x: torch.Tensor, positions: list[int]) -> torch.Tensor:
 
 
 def _group_logits(
-    logits: torch.Tensor, rows: Sequence[SamplingRow], group: list[int], *, private: bool
+    logits: torch.Tensor, rows: Sequence[SamplingRow], group: list[int], masks: _GrammarMasks, *, private: bool
 ) -> torch.Tensor:
-    """(n, V) float32 logits of the rows at `group`, after logit_bias and penalties (OpenAI's order).
+    """(n, V) float32 logits of the rows at `group`, after logit_bias and penalties (OpenAI's
+    order), then the grammar masks: a forbidden token is -inf whatever its bias.
 
     A private copy when `private`, or when something had to be applied; otherwise possibly
     `logits` itself, so read-only. Either way each row is copied at most once.
@@ -140,13 +186,16 @@ def _group_logits(
     group_rows = [rows[i] for i in group]
     has_bias = any(row.params.logit_bias for row in group_rows)
     has_penalties = any(row.params.has_penalties and row.output_token_ids for row in group_rows)
+    has_masks = masks.covers(group)
     x = _take_rows(logits, group)
     copied = x is not logits
-    x = x.to(torch.float32, copy=not copied and (private or has_bias or has_penalties))
+    x = x.to(torch.float32, copy=not copied and (private or has_bias or has_penalties or has_masks))
     if has_bias:
         _add_logit_bias(x, group_rows)
     if has_penalties:
         _apply_penalties(x, group_rows)
+    if has_masks:
+        masks.apply(x, group)
     return x
 
 

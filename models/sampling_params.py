@@ -31,6 +31,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # llguidance grammar text (models/grammar.py) every output must match, or None. A string, so
+    # it pickles to the engine process and is part of the dedup fingerprint as it is.
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

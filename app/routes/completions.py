@@ -11,6 +11,7 @@ from app.body import documented_body, json_body
 from app.collect import ChoiceResult, ClientDisconnected, collect, unless_disconnected
 from app.pipeline import start_generation
 from app.render import completion_logprobs_json, finish_reason_text
+from app.response_format import constrain
 from app.schemas import CompletionChunkEncoder, CompletionRequest, Usage, new_completion_id
 from app.sse import event, sse_response
 from app.state import generation_inputs
@@ -47,6 +48,7 @@ async def create_completion(request: Request) -> Response:
     # The longest prompt decides whether max_tokens fits (and its default, when left out).
     longest = max(len(ids) for ids in prompts)
     choice_params = sampling_params(engine, body, longest, body.requested_max_tokens, "prompt")
+    choice_params = await constrain(engine.grammars, body.response_format, choice_params)
     started = await start_generation(request, state, prompts, choice_params, body.priority, "completions")
     group, choice_params, headers = started.source, started.choice_params, started.headers
     completion_id = new_completion_id()

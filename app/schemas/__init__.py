@@ -18,6 +18,8 @@ from app.schemas.requests import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    JsonSchemaFormat,
+    ResponseFormat,
     StreamOptions,
     TextContentPart,
 )
@@ -32,6 +34,8 @@ __all__ = [
     "ChatMessage",
     "CompletionChunkEncoder",
     "CompletionRequest",
+    "JsonSchemaFormat",
+    "ResponseFormat",
     "StreamOptions",
     "TextContentPart",
     "Usage",

@@ -88,6 +88,30 @@ class ChatMessage(RequestModel):
         return "\n".join(part.text for part in self.content)
 
 
+class JsonSchemaFormat(RequestModel):
+    """`response_format.json_schema`: OpenAI's structured outputs."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    # `schema` would shadow a BaseModel attribute; sent and read as "schema". Absent: any JSON object.
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    # Enforced either way: surge constrains every json_schema reply (as vLLM does), strict or not.
+    strict: bool | None = None
+
+
+class ResponseFormat(RequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_for_json_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
 class SamplingRequest(RequestModel):
     """Fields shared by chat and legacy completions, in the order validators rely on."""
 
@@ -108,6 +132,8 @@ class SamplingRequest(RequestModel):
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
     priority: int = 0  # lower runs first
+    # Chat's structured outputs; legacy completions take it too, as vLLM does.
+    response_format: ResponseFormat | None = None
 
     @field_validator("stream_options")
     @classmethod

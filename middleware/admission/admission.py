@@ -121,6 +121,11 @@ class Admission:
             self.num_queue_full += 1
             raise self._busy(f"The server is at capacity: {num_waiting} requests are already waiting.")
 
+    def shed(self, message: str) -> OpenAIError:
+        """A 503 for a request some later layer sheds (counted with the shed ones); raise it."""
+        self.num_shed += 1
+        return self._busy(message)
+
     def _busy(self, message: str) -> OpenAIError:
         return service_unavailable(message, max(1.0, math.ceil(self._retry_after())))
 

@@ -1,6 +1,8 @@
 """Level-3 replies: at degradation level 3, a request of the sheddable class gets a reply that
 costs no generation: a cached one (a live flight or a result kept by the dedup cache), else a fixed
-text, never the model.
+text, never the model. A request that asks for a format (a JSON schema, JSON mode) gets a cached
+reply or a 503: the fixed text would not match its format, and a client that parses the reply
+would take it for one that did.
 
 `CannedReply` quacks like a `RequestGroup` (ids, index, `next_outputs`, `async with`), so the routes
 render it through the same JSON and SSE code as a real generation, and the OpenAI body shape never
@@ -9,10 +11,11 @@ changes; only the `x-surge-degraded` header tells the client.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from middleware.dedup.cache import DedupCache
+from middleware.errors import OpenAIError
 from middleware.generation import Generation, Handler
 from models.outputs import OutputSource, RequestOutput
 from models.sequence import FinishReason
@@ -22,9 +25,18 @@ class DegradedReplyLayer:
     """Level 3, for requests at or above the shedding priority: a cached reply or the canned one."""
 
     def __init__(
-        self, dedup: DedupCache, *, model: str, shed_priority: int, text: str, token_ids: Sequence[int]
+        self,
+        dedup: DedupCache,
+        *,
+        model: str,
+        shed_priority: int,
+        text: str,
+        token_ids: Sequence[int],
+        shed: Callable[[str], OpenAIError],
     ) -> None:
+        """shed: the 503 for a request no reply here can serve (Admission.shed)."""
         self.dedup = dedup
+        self.shed = shed
         self.model = model
         self.shed_priority = shed_priority
         self.text = text
@@ -37,6 +49,8 @@ class DegradedReplyLayer:
         cached = self.dedup.lookup(key) if key else None
         if cached is not None:
             return cached
+        if any(params.grammar is not None for params in generation.choice_params):
+            raise self.shed("The server is overloaded: replies in a requested format are paused until load falls.")
         return CannedReply(self.text, self.token_ids, generation.num_prompt_tokens, generation.num_sequences)
 
 

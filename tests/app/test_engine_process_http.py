@@ -3,6 +3,7 @@ what happens when either process dies."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -77,6 +78,21 @@ def test_streams_and_metrics_cross_the_process_boundary(tiny_model_dir: Path, tm
         assert metric(server.url, "surge_generation_tokens_total") == 24
         assert metric(server.url, "surge_requests_running") == 0
         assert metric(server.url, "surge_requests_waiting") == 0
+        # A grammar crosses the pipe as text and is compiled and enforced in the engine process.
+        schema = {
+            "type": "object",
+            "properties": {"k": {"enum": ["a", "b"]}},
+            "required": ["k"],
+            "additionalProperties": False,
+        }
+        formatted = client.chat.completions.create(
+            model="m",
+            messages=USER,
+            max_tokens=40,
+            seed=1,
+            response_format={"type": "json_schema", "json_schema": {"name": "k", "schema": schema}},
+        )
+        assert json.loads(formatted.choices[0].message.content or "")["k"] in ("a", "b")
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=30) == 0
         assert wait_gone(pid)

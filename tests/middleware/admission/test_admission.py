@@ -122,6 +122,33 @@ def test_level_3_serves_the_canned_reply_in_openai_shape(degradable: tuple[LiveS
     assert vip.json()["choices"][0]["message"]["content"] != canned
 
 
+def test_level_3_never_hands_the_canned_text_to_a_format_request(degradable: tuple[LiveServer, list[float]]) -> None:
+    live, score = degradable
+    schema = {"type": "object", "properties": {"n": {"enum": [1, 2]}}, "required": ["n"], "additionalProperties": False}
+    formatted = {
+        "max_tokens": 5,  # within level 2's clamp, so the level-3 request has the same fingerprint
+        "seed": 4,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+    }
+    score[0] = 0.0
+    assert live.state.admission is not None  # a fresh degrader: no hysteresis from earlier tests
+    live.state.admission.degrader = Degrader(DegradationConfig(refresh_seconds=0.0), lambda: score[0])
+    generated = chat(live, **formatted)  # a seeded reply the dedup cache keeps
+    assert generated.status_code == 200
+    score[0] = 4.0
+    steps = live.engine.core.num_steps
+    cached = chat(live, **formatted)
+    assert cached.headers["x-surge-degraded"] == "3"
+    assert cached.json()["choices"][0]["message"]["content"] == generated.json()["choices"][0]["message"]["content"]
+    for response_format in ({"type": "json_object"}, formatted["response_format"]):
+        refused = chat(live, max_tokens=20, response_format=response_format)  # unseeded: nothing cached
+        assert refused.status_code == 503 and refused.headers["retry-after"]
+        assert refused.json()["error"]["code"] == "service_unavailable"
+    assert live.engine.core.num_steps == steps
+    # Plain text still gets the canned reply.
+    assert chat(live, max_tokens=20).json()["choices"][0]["message"]["content"] == live.state.settings.canned_reply
+
+
 def test_level_4_sheds_low_priority_first(degradable: tuple[LiveServer, list[float]]) -> None:
     live, score = degradable
     score[0] = 8.0

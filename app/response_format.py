@@ -1,0 +1,56 @@
+"""`response_format` into the grammar the engine enforces, checked before any stream opens.
+
+`json_object` is any JSON object (OpenAI's JSON mode); `json_schema` is the given schema,
+strict or not (a reply that is not enforced would be a reply the client cannot trust); `text`
+is no constraint. A schema the grammar library cannot enforce (an unsupported keyword, a bad
+pattern, a dangling `$ref`) is a 400 naming the problem, never an unconstrained reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from app.schemas import ResponseFormat
+from middleware.errors import invalid_request
+from models.grammar import GrammarCompiler, GrammarError, json_schema_grammar
+from models.sampling_params import SamplingParams
+
+JSON_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def grammar_of(response_format: ResponseFormat | None) -> str | None:
+    """The grammar `response_format` asks for; None for plain text."""
+    if response_format is None or response_format.type == "text":
+        return None
+    schema = JSON_OBJECT
+    if response_format.type == "json_schema" and response_format.json_schema is not None:
+        schema = response_format.json_schema.json_schema or JSON_OBJECT
+    try:
+        return json_schema_grammar(schema)
+    except GrammarError as exc:
+        raise invalid_request(_message(response_format, str(exc)), param="response_format") from exc
+
+
+async def constrain(
+    compiler: GrammarCompiler, response_format: ResponseFormat | None, choice_params: Sequence[SamplingParams]
+) -> list[SamplingParams]:
+    """choice_params with the grammar of `response_format`, once it is known to compile."""
+    grammar = grammar_of(response_format)
+    if grammar is None:
+        return list(choice_params)
+    assert response_format is not None
+    try:
+        # Off the event loop: a large schema compiles for milliseconds (the library drops the GIL).
+        await asyncio.to_thread(compiler.check, grammar)
+    except GrammarError as exc:
+        raise invalid_request(_message(response_format, str(exc)), param="response_format") from exc
+    return [replace(params, grammar=grammar) for params in choice_params]
+
+
+def _message(response_format: ResponseFormat, problem: str) -> str:
+    if response_format.json_schema is not None:
+        return f"Invalid schema for response_format '{response_format.json_schema.name}': {problem}"
+    return f"Invalid response_format: {problem}"

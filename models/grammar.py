@@ -1,0 +1,130 @@
+"""Grammars for constrained decoding: compiled once per grammar, one matcher per sequence.
+
+Built on llguidance (docs/structured-outputs.md says why it and not xgrammar). A grammar is
+llguidance's grammar text, a plain string: it travels in `SamplingParams` (so the dedup
+fingerprint covers it) and pickles to the engine process as is. The API layer makes one from a
+JSON Schema with `json_schema_grammar` and checks it with `GrammarCompiler.check` before any
+stream opens; the engine compiles it with `GrammarCompiler.matcher` when the request arrives,
+on the caller's thread (the engine process's receiver), never on the step loop.
+
+Per step, `fill_disallowed` turns the matchers of the constrained rows into one boolean mask
+the sampler applies; after sampling, each matcher consumes its row's token.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import numpy as np
+import torch
+from llguidance import LLMatcher
+from transformers import PreTrainedTokenizerBase
+
+# JSON as the compiler writes it: Python's `json.dumps` separators and no other whitespace. A
+# constrained model can then always end (there is no run of whitespace to wander into), and
+# what it writes looks like what models saw in training.
+JSON_OPTIONS: Mapping[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Compiled grammars kept for reuse: agents send the same few schemas over and over.
+DEFAULT_CACHE_SIZE = 256
+
+
+class GrammarError(ValueError):
+    """A grammar the library cannot build or enforce; the message names the problem."""
+
+
+def json_schema_grammar(schema: Mapping[str, Any]) -> str:
+    """The grammar of JSON documents valid under `schema`. Raises GrammarError for a schema
+    that is not a JSON object; other problems (an unsupported keyword) show in `check`."""
+    try:
+        return str(LLMatcher.grammar_from_json_schema(dict(schema), defaults=dict(JSON_OPTIONS)))  # type: ignore[arg-type]
+    except (ValueError, TypeError) as exc:
+        raise GrammarError(str(exc)) from exc
+
+
+class GrammarCompiler:
+    """One tokenizer's grammars: checks, a bounded cache of compiled ones, fresh matchers.
+
+    Thread-safe. The llguidance tokenizer (a scan of the whole vocabulary) is built on first
+    use, so a server that never sees a constrained request never pays for it.
+    """
+
+    def __init__(
+        self,
+        hf_tokenizer: PreTrainedTokenizerBase,
+        vocab_size: int,
+        eos_token_ids: Collection[int],
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> None:
+        """vocab_size: the width of the logits, which may exceed the tokenizer's vocabulary."""
+        self._hf = hf_tokenizer
+        self.vocab_size = vocab_size
+        self._eos = sorted(eos_token_ids)
+        self._cache_size = cache_size
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._compiled: OrderedDict[str, LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._tokenizer is None:
+                try:
+                    self._tokenizer = llguidance.hf.from_tokenizer(
+                        self._hf,  # type: ignore[arg-type]
+                        n_vocab=self.vocab_size,
+                        eos_token=self._eos or None,
+                    )
+                except Exception as exc:  # a slow (Python) tokenizer, or one llguidance cannot read
+                    raise GrammarError(f"constrained decoding is not available for this tokenizer: {exc}") from exc
+            return self._tokenizer
+
+    def check(self, grammar: str) -> None:
+        """Raise GrammarError naming what is wrong with `grammar` (an unsupported keyword, a bad
+        pattern, a dangling $ref); return when it can be enforced. Compiles it, so a grammar
+        that passes is cached for the request that follows."""
+        self._template(grammar)
+
+    def matcher(self, grammar: str) -> LLMatcher:
+        """A fresh matcher at the start of `grammar`, for one sequence."""
+        return self._template(grammar).deep_copy()
+
+    def _template(self, grammar: str) -> LLMatcher:
+        with self._lock:
+            template = self._compiled.get(grammar)
+            if template is not None:
+                self._compiled.move_to_end(grammar)
+                return template
+        tokenizer = self._llg_tokenizer()
+        # Outside the lock: compiling drops the GIL and can take long for a large schema; two
+        # threads compiling the same new grammar at once only waste one compile.
+        error = LLMatcher.validate_grammar(grammar, tokenizer)
+        if error:
+            raise GrammarError(error)
+        template = LLMatcher(tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise GrammarError(template.get_error())
+        with self._lock:
+            self._compiled[grammar] = template
+            self._compiled.move_to_end(grammar)
+            while len(self._compiled) > self._cache_size:
+                self._compiled.popitem(last=False)
+        return template
+
+
+def fill_disallowed(matchers: Sequence[LLMatcher], vocab_size: int) -> torch.Tensor:
+    """(n, vocab_size) bool, True where matchers[i] forbids the token next. On the CPU.
+
+    llguidance writes a bitmask (32 tokens per int32, least significant bit first); one
+    `unpackbits` over all rows turns it into bytes, far cheaper than a torch bit-twiddling
+    kernel (llguidance's own torch helper needs torch.compile, seconds on first use).
+    """
+    words = (vocab_size + 31) // 32
+    bitmask = np.empty((len(matchers), words), dtype=np.int32)  # (n, W)
+    for i, matcher in enumerate(matchers):
+        matcher.unsafe_compute_mask_ptr(bitmask[i].ctypes.data, words * 4)
+    allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, count=vocab_size, bitorder="little")  # (n, V)
+    return torch.from_numpy(allowed) == 0

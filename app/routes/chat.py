@@ -89,8 +89,13 @@ def _response_body(
         "choices": [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": "".join(r.text)},
-                "logprobs": {"content": chat_logprobs_json(engine.tokenizer, r.logprobs)} if want_logprobs else None,
+                # `refusal` is required by OpenAI's schema: null, surge never refuses.
+                "message": {"role": "assistant", "content": "".join(r.text), "refusal": None},
+                "logprobs": (
+                    {"content": chat_logprobs_json(engine.tokenizer, r.logprobs), "refusal": None}
+                    if want_logprobs
+                    else None
+                ),
                 "finish_reason": finish_reason_text(r.finish_reason),
             }
             for i, r in enumerate(results)

@@ -118,7 +118,7 @@ class ChatChunkEncoder(_ChunkEncoder):
         """A chunk of text (None: an empty delta, e.g. for the finish), with the logprobs of
         its tokens as built by `chat_logprob_entry`."""
         delta = "{}" if text is None else f'{{"content":{_encode(text)}}}'
-        logprobs_json = "null" if logprobs is None else f'{{"content":{_encode(logprobs)}}}'
+        logprobs_json = "null" if logprobs is None else f'{{"content":{_encode(logprobs)},"refusal":null}}'
         finish_json = "null" if finish_reason is None else _encode(finish_reason)
         return self._chunk(
             f'{{"index":{index},"delta":{delta},"logprobs":{logprobs_json},"finish_reason":{finish_json}}}'

@@ -12,6 +12,7 @@ import pytest
 
 from middleware.admission.degradation import DegradationConfig, Degrader
 from tests.live_server import MODEL_NAME, LiveServer, running_server
+from tests.openai_wire import assert_openai
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
 LONG = {"model": MODEL_NAME, "messages": USER, "max_tokens": 2000, "ignore_eos": True, "stream": True}
@@ -56,7 +57,9 @@ def test_request_past_its_queue_deadline_gets_503_unrun(tiny_model_dir: Path) ->
             # Streamed: the stream was already open, so the refusal arrives as an error event.
             with httpx.stream("POST", f"{live.url}/v1/chat/completions", json={**LONG, "max_tokens": 3}) as s:
                 events = [line for line in s.iter_lines() if line.startswith("data: ")]
-            assert any('"error"' in e for e in events) and events[-1] == "data: [DONE]"
+            errors = [json.loads(e[len("data: ") :]) for e in events if '"error"' in e]
+            assert errors and events[-1] == "data: [DONE]"
+            assert_openai(errors[0], "ErrorResponse")
             assert live.engine.core.num_steps > steps
         live.wait_idle()
 

@@ -9,6 +9,7 @@ pattern, a dangling `$ref`) is a 400 naming the problem, never an unconstrained 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -19,6 +20,8 @@ from models.grammar import GrammarCompiler, GrammarError, json_schema_grammar
 from models.sampling_params import SamplingParams
 
 JSON_OBJECT: dict[str, Any] = {"type": "object"}
+# The kinds of constrained requests the metrics count (surge_constrained_requests_total).
+CONSTRAINED_KINDS = ("json_object", "json_schema")
 
 
 def grammar_of(response_format: ResponseFormat | None) -> str | None:
@@ -35,9 +38,13 @@ def grammar_of(response_format: ResponseFormat | None) -> str | None:
 
 
 async def constrain(
-    compiler: GrammarCompiler, response_format: ResponseFormat | None, choice_params: Sequence[SamplingParams]
+    compiler: GrammarCompiler,
+    response_format: ResponseFormat | None,
+    choice_params: Sequence[SamplingParams],
+    counts: Counter[str],
 ) -> list[SamplingParams]:
-    """choice_params with the grammar of `response_format`, once it is known to compile."""
+    """choice_params with the grammar of `response_format`, once it is known to compile; the
+    request is counted in `counts` by kind."""
     grammar = grammar_of(response_format)
     if grammar is None:
         return list(choice_params)
@@ -47,6 +54,7 @@ async def constrain(
         await asyncio.to_thread(compiler.check, grammar)
     except GrammarError as exc:
         raise invalid_request(_message(response_format, str(exc)), param="response_format") from exc
+    counts[response_format.type] += 1
     return [replace(params, grammar=grammar) for params in choice_params]
 
 

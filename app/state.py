@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -37,6 +38,8 @@ class ServerState:
     # Counted by the middleware, read by app/metrics.py.
     rate_limit_counts: RateLimitCounts = field(default_factory=RateLimitCounts)
     idempotency_counts: IdempotencyCounts = field(default_factory=IdempotencyCounts)
+    # Requests with a grammar, by kind (app/response_format.py counts them, app/metrics.py reads).
+    constrained_requests: Counter[str] = field(default_factory=Counter)
     # The after-parse layers around the engine (app/pipeline.py); set with the engine.
     pipeline: Handler | None = None
     load_error: BaseException | None = None

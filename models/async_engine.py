@@ -168,13 +168,20 @@ class EngineHandle(Protocol):
 
 class AsyncEngine:
     def __init__(
-        self, core: EngineHandle, tokenizer: Tokenizer, config: EngineConfig, groups: dict[str, RequestGroup]
+        self,
+        core: EngineHandle,
+        tokenizer: Tokenizer,
+        config: EngineConfig,
+        groups: dict[str, RequestGroup],
+        observer: EngineObserver = NULL_OBSERVER,
     ) -> None:
         self.core = core
         self.tokenizer = tokenizer
         # The server's side of grammars: checks a request's grammar before it is submitted (the
-        # engine compiles its own copy where it runs).
-        self.grammars = GrammarCompiler(tokenizer.hf, tokenizer.vocab_size, tokenizer.eos_token_ids)
+        # engine compiles its own copy where it runs). Its compile times are the ones observed.
+        self.grammars = GrammarCompiler(
+            tokenizer.hf, tokenizer.vocab_size, tokenizer.eos_token_ids, on_compiled=observer.on_grammar_compiled
+        )
         self.config = config
         self._groups = groups  # request id -> its group; shared with the publish callback
         self._ids = itertools.count()
@@ -196,7 +203,7 @@ class AsyncEngine:
         if config.separate_process or spawned is not None:
             process = EngineProcess(config, dispatch, observer, loop, process_init, spawned)
             tokenizer = await process.wait_started()
-            return cls(process, tokenizer, process.engine_config, groups)
+            return cls(process, tokenizer, process.engine_config, groups, observer)
         loaded = await asyncio.to_thread(load_model, config.model)
         config = resolve_max_model_len(config, loaded)
 
@@ -212,7 +219,7 @@ class AsyncEngine:
             if core.dead is not None:
                 raise EngineDeadError(f"warmup failed: {core.dead!r}")
             await asyncio.sleep(0.02)
-        return cls(core, loaded.tokenizer, config, groups)
+        return cls(core, loaded.tokenizer, config, groups, observer)
 
     def stop(self) -> None:
         self.core.stop()

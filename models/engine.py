@@ -243,6 +243,8 @@ class EngineCore:
         if not rows:
             return [], []
         result = self.sampler(logits, rows)
+        if result.mask_seconds:
+            self.observer.on_grammar_masks(result.mask_seconds)
         return result.token_ids, result.logprobs
 
     def _postprocess(

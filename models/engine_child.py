@@ -40,6 +40,7 @@ from models.engine_messages import (
     FirstTokenEvent,
     FromEngine,
     GpuReport,
+    GrammarMasksEvent,
     Loaded,
     LoadFailed,
     StepEvent,
@@ -79,6 +80,12 @@ class RecordingObserver:
 
     def on_finish(self, reason: FinishReason, e2e: float) -> None:
         self.events.append(FinishEvent(reason, e2e))
+
+    def on_grammar_masks(self, seconds: float) -> None:
+        self.events.append(GrammarMasksEvent(seconds))
+
+    def on_grammar_compiled(self, seconds: float) -> None:
+        pass  # the server compiles every new grammar first and reports it there
 
 
 class _Outbox:

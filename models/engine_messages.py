@@ -92,7 +92,11 @@ class FinishEvent(NamedTuple):
     e2e: float
 
 
-EngineEvent = StepEvent | AdmittedEvent | FirstTokenEvent | TokenGapsEvent | FinishEvent
+class GrammarMasksEvent(NamedTuple):
+    seconds: float
+
+
+EngineEvent = StepEvent | AdmittedEvent | FirstTokenEvent | TokenGapsEvent | FinishEvent | GrammarMasksEvent
 
 # (request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, finish_reason, error)
 WireOutput = tuple[str, str, list[int], int, int, list[Any], str | None, str | None]

@@ -39,6 +39,7 @@ from models.engine_messages import (
     FirstTokenEvent,
     FromEngine,
     GpuReport,
+    GrammarMasksEvent,
     Loaded,
     LoadFailed,
     NewRequest,
@@ -353,6 +354,8 @@ class EngineProcess:
             elif isinstance(event, FinishEvent):
                 stats.record_finish(is_error=event.reason is FinishReason.ERROR)
                 observer.on_finish(event.reason, event.e2e)
+            elif isinstance(event, GrammarMasksEvent):
+                observer.on_grammar_masks(event.seconds)
 
     def _on_exit(self) -> None:
         with contextlib.suppress(Exception):

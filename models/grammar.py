@@ -14,8 +14,9 @@ the sampler applies; after sampling, each matcher consumes its row's token.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import llguidance
@@ -59,8 +60,11 @@ class GrammarCompiler:
         vocab_size: int,
         eos_token_ids: Collection[int],
         cache_size: int = DEFAULT_CACHE_SIZE,
+        on_compiled: Callable[[float], None] | None = None,
     ) -> None:
-        """vocab_size: the width of the logits, which may exceed the tokenizer's vocabulary."""
+        """vocab_size: the width of the logits, which may exceed the tokenizer's vocabulary.
+        on_compiled: told the seconds each new grammar took (checked and compiled), for metrics."""
+        self._on_compiled = on_compiled
         self._hf = hf_tokenizer
         self.vocab_size = vocab_size
         self._eos = sorted(eos_token_ids)
@@ -99,6 +103,7 @@ class GrammarCompiler:
                 self._compiled.move_to_end(grammar)
                 return template
         tokenizer = self._llg_tokenizer()
+        start = time.perf_counter()
         # Outside the lock: compiling drops the GIL and can take long for a large schema; two
         # threads compiling the same new grammar at once only waste one compile.
         error = LLMatcher.validate_grammar(grammar, tokenizer)
@@ -107,6 +112,8 @@ class GrammarCompiler:
         template = LLMatcher(tokenizer, grammar, log_level=0)
         if template.is_error():
             raise GrammarError(template.get_error())
+        if self._on_compiled is not None:
+            self._on_compiled(time.perf_counter() - start)
         with self._lock:
             self._compiled[grammar] = template
             self._compiled.move_to_end(grammar)

@@ -29,6 +29,12 @@ class EngineObserver(Protocol):
     def on_finish(self, reason: FinishReason, e2e: float) -> None:
         """A request ended (not aborted), `e2e` seconds after it reached the engine."""
 
+    def on_grammar_masks(self, seconds: float) -> None:
+        """A step spent `seconds` computing the token masks of its constrained rows."""
+
+    def on_grammar_compiled(self, seconds: float) -> None:
+        """A grammar not seen before took `seconds` to compile (the server's check of it)."""
+
 
 class NullObserver:
     """An observer that keeps nothing: the engine's default, so it never asks whether one listens."""
@@ -46,6 +52,12 @@ class NullObserver:
         pass
 
     def on_finish(self, reason: FinishReason, e2e: float) -> None:
+        pass
+
+    def on_grammar_masks(self, seconds: float) -> None:
+        pass
+
+    def on_grammar_compiled(self, seconds: float) -> None:
         pass
 
 

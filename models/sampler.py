@@ -25,6 +25,7 @@ Deliberate choices (timings: one CPU thread, 32 rows):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -58,6 +59,7 @@ class SamplingRow:
 class SampleResult:
     token_ids: list[int]  # one per row
     logprobs: list[TokenLogprob | None]  # one per row; None where params.logprobs is None
+    mask_seconds: float = 0.0  # spent computing the grammar masks (0 when no row has a grammar)
 
 
 def make_generator(seed: int, device: torch.device) -> torch.Generator:
@@ -117,7 +119,7 @@ class Sampler:
             tokens[_index(group, logits.device)] = _sample_group(x, top_k, [rows[i] for i in group])
 
         token_ids = tokens.tolist()
-        return SampleResult(token_ids, _logprobs(logits, rows, tokens, token_ids))
+        return SampleResult(token_ids, _logprobs(logits, rows, tokens, token_ids), masks.seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,14 +128,17 @@ class _GrammarMasks:
 
     rows: list[int]  # sorted positions of the constrained rows in the step
     disallowed: torch.Tensor | None  # (len(rows), V) bool on the logits' device; None if no row
+    seconds: float = 0.0  # spent computing them
 
     @classmethod
     def of(cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device) -> _GrammarMasks:
         constrained = [i for i, row in enumerate(rows) if row.matcher is not None]
         if not constrained:
             return cls([], None)
+        start = time.perf_counter()
         disallowed = fill_disallowed([rows[i].matcher for i in constrained], vocab_size)  # type: ignore[misc]
-        return cls(constrained, disallowed.to(device, non_blocking=True))
+        disallowed = disallowed.to(device, non_blocking=True)
+        return cls(constrained, disallowed, time.perf_counter() - start)
 
     def apply(self, x: torch.Tensor, group: list[int]) -> None:
         """Sets x's forbidden logits to -inf, in place; x (n, V) holds the rows at `group`."""

@@ -40,7 +40,7 @@ async def create_chat_completion(request: Request) -> Response:
     except Exception as exc:  # a template that rejects the conversation (e.g. role order)
         raise invalid_request(f"The chat template could not render these messages: {exc}", param="messages") from exc
     choice_params = sampling_params(engine, body, len(prompt), body.requested_max_tokens, "messages")
-    choice_params = await constrain(engine.grammars, body.response_format, choice_params)
+    choice_params = await constrain(engine.grammars, body.response_format, choice_params, state.constrained_requests)
     started = await start_generation(request, state, [prompt], choice_params, body.priority, "chat")
     group, choice_params, headers = started.source, started.choice_params, started.headers
     completion_id = new_chat_completion_id()

@@ -48,7 +48,7 @@ async def create_completion(request: Request) -> Response:
     # The longest prompt decides whether max_tokens fits (and its default, when left out).
     longest = max(len(ids) for ids in prompts)
     choice_params = sampling_params(engine, body, longest, body.requested_max_tokens, "prompt")
-    choice_params = await constrain(engine.grammars, body.response_format, choice_params)
+    choice_params = await constrain(engine.grammars, body.response_format, choice_params, state.constrained_requests)
     started = await start_generation(request, state, prompts, choice_params, body.priority, "completions")
     group, choice_params, headers = started.source, started.choice_params, started.headers
     completion_id = new_completion_id()

@@ -93,6 +93,7 @@ def test_streams_and_metrics_cross_the_process_boundary(tiny_model_dir: Path, tm
             response_format={"type": "json_schema", "json_schema": {"name": "k", "schema": schema}},
         )
         assert json.loads(formatted.choices[0].message.content or "")["k"] in ("a", "b")
+        assert metric(server.url, "surge_grammar_mask_seconds_count") >= 1  # observed in the engine process
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=30) == 0
         assert wait_gone(pid)

@@ -36,6 +36,8 @@ HISTOGRAMS = [
     "surge_e2e_request_latency_seconds",
     "surge_queue_time_seconds",
     "surge_batch_size",
+    "surge_grammar_mask_seconds",
+    "surge_grammar_compile_seconds",
 ]
 COUNTERS = [
     "surge_prompt_tokens_total",
@@ -47,6 +49,7 @@ COUNTERS = [
     "surge_idempotency_conflicts_total",
     "surge_dedup_hits_total",
     "surge_dedup_misses_total",
+    "surge_constrained_requests_total",
     "surge_shed_requests_total",
     "surge_redis_fallbacks_total",
 ]
@@ -139,6 +142,27 @@ def test_token_and_finish_counters_follow_requests(live: LiveServer) -> None:
     assert delta("surge_e2e_request_latency_seconds_count") == 1
     assert delta("surge_queue_time_seconds_count") == 1
     assert delta("surge_batch_size_count") >= 5
+
+
+def test_constrained_requests_compile_once_and_mask_every_step(live: LiveServer) -> None:
+    before = assert_idle(live)
+    schema = {"type": "object", "properties": {"q": {"enum": [1, 2]}}, "required": ["q"], "additionalProperties": False}
+    formatted = {"type": "json_schema", "json_schema": {"name": "q", "schema": schema}}
+    replies = [chat(live, max_tokens=30, seed=seed, response_format=formatted).json() for seed in range(2)]
+    assert chat(live, max_tokens=30, response_format={"type": "json_object"}).status_code == 200
+    assert chat(live, max_tokens=3).status_code == 200  # free text: no mask, no count
+    after = assert_idle(live)
+
+    def delta(name: str, **labels: str) -> float:
+        return after.value(name, **labels) - before.value(name, **labels)
+
+    assert delta("surge_constrained_requests_total", kind="json_schema") == 2
+    assert delta("surge_constrained_requests_total", kind="json_object") == 1
+    assert delta("surge_grammar_compile_seconds_count") == 2  # the schema once, JSON mode once
+    # One step with masks per constrained token; the free request's steps ran alone (max_num_seqs 1).
+    constrained_tokens = sum(reply["usage"]["completion_tokens"] for reply in replies)
+    assert delta("surge_grammar_mask_seconds_count") >= constrained_tokens
+    assert delta("surge_grammar_mask_seconds_count") < delta("surge_batch_size_count")
 
 
 def test_gauges_return_to_idle_after_a_forward_failure(live: LiveServer) -> None:

@@ -278,6 +278,8 @@ class RecordingObserver:
         self.ttfts: list[float] = []
         self.gaps: list[float] = []
         self.finishes: list[FinishReason] = []
+        self.mask_seconds: list[float] = []
+        self.compile_seconds: list[float] = []
 
     def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
         self.num_seqs.append(num_seqs)
@@ -295,6 +297,12 @@ class RecordingObserver:
 
     def on_finish(self, reason: FinishReason, e2e: float) -> None:
         self.finishes.append(reason)
+
+    def on_grammar_masks(self, seconds: float) -> None:
+        self.mask_seconds.append(seconds)
+
+    def on_grammar_compiled(self, seconds: float) -> None:
+        self.compile_seconds.append(seconds)
 
 
 async def test_observer_sees_steps_tokens_and_finishes_but_not_warmup(tiny_model_dir: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.schemas import chat_logprob_entry, completion_logprobs
+from app.tool_choice import ToolPlan
+from app.tools.calls import ToolCall
 from models.outputs import TokenLogprob
 from models.sequence import FinishReason
 from models.tokenizer import Tokenizer
@@ -19,6 +21,22 @@ def chat_logprobs_json(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob]) -
             token_bytes=tokenizer.token_bytes(lp.token_id),
         )
         for lp in logprobs
+    ]
+
+
+def chat_finish_reason(reason: FinishReason | None, num_calls: int, plan: ToolPlan | None) -> str | None:
+    """A chat choice's finish: `tool_calls` when it stopped having called tools, except for a
+    named tool_choice, which OpenAI finishes with `stop`; a cut (`length`) stays a cut."""
+    text = finish_reason_text(reason)
+    if text == "stop" and num_calls and plan is not None and not plan.named:
+        return "tool_calls"
+    return text
+
+
+def tool_calls_json(calls: Sequence[ToolCall]) -> list[dict[str, object]]:
+    return [
+        {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        for call in calls
     ]
 
 

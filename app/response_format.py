@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from app.schemas import ResponseFormat
-from middleware.errors import invalid_request
+from middleware.errors import OpenAIError, invalid_request
 from models.grammar import GrammarCompiler, GrammarError, json_schema_grammar
 from models.sampling_params import SamplingParams
 
 JSON_OBJECT: dict[str, Any] = {"type": "object"}
 # The kinds of constrained requests the metrics count (surge_constrained_requests_total).
-CONSTRAINED_KINDS = ("json_object", "json_schema")
+CONSTRAINED_KINDS = ("json_object", "json_schema", "tools_auto", "tools_required", "tools_named")
 
 
 def grammar_of(response_format: ResponseFormat | None) -> str | None:
@@ -49,12 +49,29 @@ async def constrain(
     if grammar is None:
         return list(choice_params)
     assert response_format is not None
+
+    def refuse(problem: str) -> OpenAIError:
+        return invalid_request(_message(response_format, problem), param="response_format")
+
+    return await with_grammar(compiler, grammar, choice_params, kind=response_format.type, counts=counts, refuse=refuse)
+
+
+async def with_grammar(
+    compiler: GrammarCompiler,
+    grammar: str,
+    choice_params: Sequence[SamplingParams],
+    *,
+    kind: str,
+    counts: Counter[str],
+    refuse: Callable[[str], OpenAIError],
+) -> list[SamplingParams]:
+    """choice_params constrained by `grammar` once it compiles (else `refuse(problem)` is raised)."""
     try:
         # Off the event loop: a large schema compiles for milliseconds (the library drops the GIL).
         await asyncio.to_thread(compiler.check, grammar)
     except GrammarError as exc:
-        raise invalid_request(_message(response_format, str(exc)), param="response_format") from exc
-    counts[response_format.type] += 1
+        raise refuse(str(exc)) from exc
+    counts[kind] += 1
     return [replace(params, grammar=grammar) for params in choice_params]
 
 

@@ -21,10 +21,12 @@ from app.door import install_door_layers
 from app.errors import install_error_handlers
 from app.metrics import install_metrics
 from app.pipeline import build_pipeline
+from app.reasoning import template_reasons
 from app.routes import router
 from app.settings import Settings
 from app.shutdown import DrainingServer
 from app.state import ServerState
+from app.tools.formats import format_for
 from middleware.dedup.cache import DedupCache
 from middleware.redis import RedisBackend
 from models.async_engine import AsyncEngine
@@ -54,9 +56,15 @@ def create_app(
             await state.redis.connect(attempts=settings.redis_connect_attempts, num_connections=settings.max_num_seqs)
         try:
             init = engine_process_init(settings.log_level, settings.log_format)
-            state.engine = await AsyncEngine.start(
+            engine = await AsyncEngine.start(
                 settings.engine, observer=engine_metrics, process_init=init, spawned=spawned
             )
+            if settings.chat_template_text is not None:
+                engine.tokenizer.use_chat_template(settings.chat_template_text)
+            parser = None if settings.tool_call_parser == "auto" else settings.tool_call_parser
+            state.tool_format = format_for(engine.tokenizer.hf.chat_template, parser)
+            state.reasons = template_reasons(engine.tokenizer.hf.chat_template)
+            state.engine = engine
             state.pipeline = build_pipeline(settings, state, state.engine)
             # The imports, the tokenizer and the app are here for good: keep them out of the
             # garbage collector's walks: full collections over torch's and transformers' objects

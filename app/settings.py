@@ -79,6 +79,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("max_model_len", int, "prompt + completion tokens per sequence; 0 = the model's own limit"),
     Option("served_model_name", str, "model name in the API; empty = the --model value"),
+    Option(
+        "tool_call_parser",
+        str,
+        "the tool-call format of the model's replies; `auto` = the one its chat template writes",
+        choices=("auto", "hermes", "llama3_json", "mistral"),
+    ),
+    Option("chat_template", str, "a Jinja chat template file used instead of the model's own; empty = the model's"),
     Option("api_key", str, "accepted Bearer key (repeatable); none = no auth", multiple=True),
     Option("cors_origin", str, "allowed CORS origin (repeatable, `*` for any)", multiple=True),
     Option("num_threads", int, "torch CPU threads; 1 avoids contention with the event loop, 0 = torch default"),
@@ -172,6 +179,8 @@ class Settings:
     max_prompt_chunk_while_decoding: int = _SCHEDULER.max_prompt_chunk_while_decoding
     max_model_len: int = _SCHEDULER.max_model_len
     served_model_name: str = ""
+    tool_call_parser: str = "auto"
+    chat_template: str = ""
     api_key: tuple[str, ...] = ()
     cors_origin: tuple[str, ...] = ()
     num_threads: int = _MODEL.num_threads
@@ -211,6 +220,7 @@ class Settings:
     degradation: DegradationConfig = field(init=False)
     admission: AdmissionConfig = field(init=False)
     keys: KeysFile | None = field(init=False)  # the parsed --keys-file, checked at start-up
+    chat_template_text: str | None = field(init=False)  # the --chat-template file, read at start-up
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -275,10 +285,20 @@ class Settings:
         object.__setattr__(self, "admission", admission)
         # A KeysFileError (a ValueError) names the file, the key and the field.
         object.__setattr__(self, "keys", load_keys_file(self.keys_file) if self.keys_file else None)
+        template = _read_template(self.chat_template) if self.chat_template else None
+        object.__setattr__(self, "chat_template_text", template)
 
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+
+def _read_template(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValueError(f"--chat-template {path}: {exc.strerror or exc}") from exc
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:

@@ -10,6 +10,7 @@ from typing import TypeVar
 from fastapi import Request
 
 from app.settings import Settings
+from app.tools.formats import FORMATS, ToolFormat
 from middleware.admission.admission import Admission
 from middleware.dedup.cache import DedupCache
 from middleware.errors import OpenAIError, service_unavailable
@@ -40,6 +41,10 @@ class ServerState:
     idempotency_counts: IdempotencyCounts = field(default_factory=IdempotencyCounts)
     # Requests with a grammar, by kind (app/response_format.py counts them, app/metrics.py reads).
     constrained_requests: Counter[str] = field(default_factory=Counter)
+    # How the model writes tool calls (app/tools/formats.py); set with the engine.
+    tool_format: ToolFormat = field(default_factory=lambda: FORMATS["hermes"])
+    # The chat template is a reasoning model's (app/reasoning.py); set with the engine.
+    reasons: bool = False
     # The after-parse layers around the engine (app/pipeline.py); set with the engine.
     pipeline: Handler | None = None
     load_error: BaseException | None = None

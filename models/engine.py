@@ -8,6 +8,7 @@ on; if the loop itself dies, `dead` says why and every live request gets an erro
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import queue
@@ -122,7 +123,10 @@ class EngineCore:
         arrived = self.clock() if arrival_time is None else arrival_time
         seq = Sequence(request_id, list(prompt_token_ids), params, priority, arrival_time=arrived)
         generator = make_generator(params.seed, self.runner.device) if params.seed is not None else None
-        detokenizer = IncrementalDetokenizer(self.tokenizer.decode, seq.prompt_token_ids, params.stop)
+        decode = self.tokenizer.decode
+        if params.keep_special_ids:
+            decode = functools.partial(self.tokenizer.decode_keeping, keep=frozenset(params.keep_special_ids))
+        detokenizer = IncrementalDetokenizer(decode, seq.prompt_token_ids, params.stop)
         row = SamplingRow(params, generator, seq.output_token_ids)
         request = _Request(seq, detokenizer, row)
         if params.grammar is not None:

@@ -13,6 +13,7 @@ the sampler applies; after sampling, each matcher consumes its row's token.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -85,6 +86,16 @@ class GrammarCompiler:
                 except Exception as exc:  # a slow (Python) tokenizer, or one llguidance cannot read
                     raise GrammarError(f"constrained decoding is not available for this tokenizer: {exc}") from exc
             return self._tokenizer
+
+    def terminal(self, text: str) -> str:
+        """`text` as a terminal of a Lark grammar: a quoted string, or `<[id]>` when it is one
+        token that llguidance counts as special (it counts every added `<...>` token so, e.g.
+        Qwen's `<tool_call>`): such a token never matches a quoted string."""
+        tokenizer = self._llg_tokenizer()
+        ids = tokenizer.tokenize_str(text)
+        if len(ids) == 1 and tokenizer.is_special_token(ids[0]):
+            return f"<[{ids[0]}]>"
+        return json.dumps(text)
 
     def check(self, grammar: str) -> None:
         """Raise GrammarError naming what is wrong with `grammar` (an unsupported keyword, a bad

@@ -34,6 +34,9 @@ class SamplingParams:
     # llguidance grammar text (models/grammar.py) every output must match, or None. A string, so
     # it pickles to the engine process and is part of the dedup fingerprint as it is.
     grammar: str | None = None
+    # Special tokens kept in the text instead of skipped: a tool-call format's tags (e.g.
+    # Mistral's [TOOL_CALLS]), which the reply's parser reads.
+    keep_special_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

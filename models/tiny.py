@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     AutoModelForCausalLM,
     GenerationConfig,
@@ -36,8 +36,8 @@ from transformers import (
 
 from models.tiny_corpus import build_corpus
 
-# Bump whenever the recipe (corpus, tokenizer, dims, seed) changes, so cached builds are redone.
-BUILD_VERSION = 2
+# Bump whenever the recipe (corpus, tokenizer, dims, seed, template) changes, so cached builds are redone.
+BUILD_VERSION = 3
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -45,8 +45,13 @@ IM_END = "<|im_end|>"
 # Given to the trainer first and in this order, so their ids are fixed: 0, 1, 2.
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 ENDOFTEXT_ID, IM_START_ID, IM_END_ID = 0, 1, 2
+# Tags of tool calls and reasoning, as Qwen2.5 and Qwen3 have them: added tokens that decode to
+# their text (not special, so they are never skipped), the last ids of the vocabulary.
+TOOL_CALL, TOOL_CALL_END, THINK, THINK_END = "<tool_call>", "</tool_call>", "<think>", "</think>"
+TAG_TOKENS = (TOOL_CALL, TOOL_CALL_END, THINK, THINK_END)
 
 VOCAB_SIZE = 8192
+TOOL_CALL_ID, TOOL_CALL_END_ID, THINK_ID, THINK_END_ID = range(VOCAB_SIZE - len(TAG_TOKENS), VOCAB_SIZE)
 MAX_POSITION_EMBEDDINGS = 2048
 WEIGHT_SEED = 0
 
@@ -54,21 +59,54 @@ ARCHS = ("llama", "qwen2", "mistral", "gpt2")
 # m builds in a few seconds and is the size the serving benchmarks use (docs/performance.md).
 DEFAULT_SIZE = "m"
 
-# ChatML. Content may be a string, None (an assistant turn that only called tools) or a list of
-# OpenAI content parts, whose text parts are joined with "\n" (as vLLM does).
+# ChatML with tools, tool calls and tool results the way Qwen2.5 writes them (Hermes style), so
+# the whole tool-calling path runs offline. Content may be a string, None (an assistant turn that
+# only called tools) or a list of OpenAI content parts, whose text parts are joined with "\n" (as
+# vLLM does). A call's arguments may be an object or a JSON string. `enable_thinking=False` (a
+# chat_template_kwargs) closes an empty reasoning block in the prompt, as Qwen3's template does.
 CHAT_TEMPLATE = (
+    "{%- macro text(content) -%}"
+    "{%- if content is string -%}{{- content -}}"
+    "{%- elif content is not none -%}"
+    "{{- content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('\\n') -}}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages[0]['role'] == 'system' -%}{{- text(messages[0]['content']) + '\\n\\n' -}}{%- endif -%}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' -}}'
+    "{%- endif -%}"
     "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}"
-    "{{- message['content'] -}}"
-    "{%- elif message['content'] is not none -%}"
-    "{{- message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text')"
-    " | join('\\n') -}}"
+    "{%- if tools and loop.first and message['role'] == 'system' -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + text(message['content']) + '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + text(message['content']) -}}"
+    "{%- if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] -%}"
+    "{%- for tool_call in message['tool_calls'] -%}"
+    "{%- set call = tool_call['function'] if tool_call['function'] is defined else tool_call -%}"
+    "{%- if not loop.first or text(message['content']) -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' -}}"
+    "{%- if call['arguments'] is string -%}{{- call['arguments'] -}}"
+    "{%- else -%}{{- call['arguments'] | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
     "{%- endif -%}"
 )
 
@@ -100,7 +138,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=VOCAB_SIZE - len(TAG_TOKENS),
         special_tokens=list(SPECIAL_TOKENS),
         # All 256 bytes, so any input encodes even if the corpus never showed that byte.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -108,6 +146,10 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
     lines = build_corpus()
     tokenizer.train_from_iterator(lines, trainer=trainer, length=len(lines))
+    tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TAG_TOKENS])
+    tag_ids = [tokenizer.token_to_id(tag) for tag in TAG_TOKENS]
+    if tag_ids != [TOOL_CALL_ID, TOOL_CALL_END_ID, THINK_ID, THINK_END_ID]:
+        raise RuntimeError(f"the tag tokens got ids {tag_ids}; the trainer made a smaller vocabulary than asked")
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=IM_END,

@@ -7,8 +7,9 @@ Python wrapper costs several times more per call and decoding runs per token).
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -22,6 +23,27 @@ DEFAULT_CHAT_TEMPLATE = (
     "{{ '<|im_end|>\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+# apply_chat_template's own arguments: a request's template variables may not replace them.
+RESERVED_TEMPLATE_ARGS = frozenset(
+    {
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
 )
 
 
@@ -41,6 +63,11 @@ class Tokenizer:
         self._text_cache: dict[int, str] = {}
         self._bytes_cache: dict[int, bytes] = {}
 
+    def use_chat_template(self, template: str) -> None:
+        """Render chats with `template` (a --chat-template file) instead of the model's own."""
+        self.hf.chat_template = template
+        self.has_chat_template = True
+
     @property
     def vocab_size(self) -> int:
         return len(self.hf)
@@ -49,11 +76,24 @@ class Tokenizer:
         # Completions prompts get the tokenizer's usual special tokens (e.g. Llama's BOS).
         return list(self.hf.encode(text))
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Apply the model's chat template with the generation prompt; return token ids."""
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Apply the model's chat template with the generation prompt; return token ids.
+
+        `tools` (OpenAI's tool objects) reach the template as `tools`, as transformers passes
+        them; `template_kwargs` become template variables (e.g. `enable_thinking`)."""
         template = None if self.has_chat_template else DEFAULT_CHAT_TEMPLATE
         text = self.hf.apply_chat_template(
-            [dict(m) for m in messages], chat_template=template, add_generation_prompt=True, tokenize=False
+            [dict(m) for m in messages],
+            tools=[dict(tool) for tool in tools] if tools else None,
+            chat_template=template,
+            add_generation_prompt=True,
+            tokenize=False,
+            **{key: value for key, value in (template_kwargs or {}).items() if key not in RESERVED_TEMPLATE_ARGS},
         )
         assert isinstance(text, str)
         # The template already wrote any BOS it wants; don't add special tokens twice.
@@ -63,6 +103,27 @@ class Tokenizer:
         if self._backend_decode is not None:
             return str(self._backend_decode(list(token_ids), skip_special_tokens=True))
         return str(self.hf.decode(list(token_ids), skip_special_tokens=True))
+
+    def decode_keeping(self, token_ids: Sequence[int], keep: Collection[int]) -> str:
+        """`decode`, except that the special tokens in `keep` stay in the text: the tags a
+        tool-call format writes as special tokens (Mistral's `[TOOL_CALLS]`), which its parser
+        must see. Other special tokens are skipped as usual."""
+        special = self._special_ids
+        ids = [token_id for token_id in token_ids if token_id in keep or token_id not in special]
+        if self._backend_decode is not None:
+            return str(self._backend_decode(ids, skip_special_tokens=False))
+        return str(self.hf.decode(ids, skip_special_tokens=False))
+
+    def special_token_id(self, text: str) -> int | None:
+        """The id of `text` when it is one special token of the vocabulary."""
+        token_id = self.hf.convert_tokens_to_ids(text)
+        return token_id if isinstance(token_id, int) and token_id in self._special_ids else None
+
+    @functools.cached_property
+    def _special_ids(self) -> frozenset[int]:
+        return frozenset(
+            token_id for token_id, token in self.hf.added_tokens_decoder.items() if token.special
+        ) | frozenset(self.hf.all_special_ids)
 
     def token_text(self, token_id: int) -> str:
         """The text of one token on its own, for logprobs (special tokens included).

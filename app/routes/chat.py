@@ -1,26 +1,28 @@
-"""POST /v1/chat/completions: JSON and SSE."""
+"""POST /v1/chat/completions: JSON and SSE, with tools and structured outputs."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from app.body import documented_body, json_body
+from app.chat_chunks import ChatChunks
 from app.collect import ChoiceResult, ClientDisconnected, collect, unless_disconnected
 from app.pipeline import start_generation
-from app.render import chat_logprobs_json, finish_reason_text
+from app.reasoning import prompt_opens_reasoning, split_reasoning
+from app.render import chat_finish_reason, chat_logprobs_json, tool_calls_json
 from app.response_format import constrain
 from app.schemas import ChatChunkEncoder, ChatCompletionRequest, Usage, new_chat_completion_id
-from app.sse import event, sse_response
+from app.sse import sse_response
 from app.state import generation_inputs
 from app.streaming import stream_events
+from app.tool_choice import ToolPlan, constrain_tools, plan_tools
 from app.validation import check_model, check_text_fits, sampling_params
 from middleware.errors import invalid_request
 from models.async_engine import AsyncEngine
-from models.outputs import RequestOutput
-from models.tokenizer import Tokenizer
 
 router = APIRouter()
 _parse_body = json_body(ChatCompletionRequest)
@@ -35,12 +37,25 @@ async def create_chat_completion(request: Request) -> Response:
     body, state, engine = await generation_inputs(request, _parse_body)
     check_model(state.settings, body.model)
     check_text_fits(engine, [message.text for message in body.messages], "messages")
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
     try:
-        prompt = engine.tokenizer.encode_chat(body.template_messages())
+        prompt = engine.tokenizer.encode_chat(body.template_messages(), tools, body.chat_template_kwargs)
     except Exception as exc:  # a template that rejects the conversation (e.g. role order)
         raise invalid_request(f"The chat template could not render these messages: {exc}", param="messages") from exc
     choice_params = sampling_params(engine, body, len(prompt), body.requested_max_tokens, "messages")
-    choice_params = await constrain(engine.grammars, body.response_format, choice_params, state.constrained_requests)
+    counts = state.constrained_requests
+    # Off the event loop: the first grammar reads the whole vocabulary into the grammar library.
+    plan = None
+    if body.tools:
+        special_id = engine.tokenizer.special_token_id
+        plan = await asyncio.to_thread(plan_tools, body, state.tool_format, engine.grammars.terminal, special_id)
+    if plan is not None:
+        choice_params = await constrain_tools(engine.grammars, body, plan, choice_params, counts)
+    else:
+        choice_params = await constrain(engine.grammars, body.response_format, choice_params, counts)
+    reasoning = None  # for a reasoning model: whether the reply starts inside a reasoning block
+    if state.reasons:
+        reasoning = prompt_opens_reasoning(str(engine.tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False)))
     started = await start_generation(request, state, [prompt], choice_params, body.priority, "chat")
     group, choice_params, headers = started.source, started.choice_params, started.headers
     completion_id = new_chat_completion_id()
@@ -51,7 +66,7 @@ async def create_chat_completion(request: Request) -> Response:
         )
         events = stream_events(
             group,
-            _ChatChunks(encoder, engine.tokenizer),
+            ChatChunks(encoder, engine.tokenizer, plan, reasoning),
             len(prompt),
             state.settings.keepalive_seconds,
             body.include_usage,
@@ -67,7 +82,8 @@ async def create_chat_completion(request: Request) -> Response:
         return Response(status_code=499)
     want_logprobs = body.logprobs and choice_params[0].logprobs is not None  # level 1 drops them
     return JSONResponse(
-        _response_body(completion_id, created, body.model, results, engine, want_logprobs), headers=headers
+        _response_body(completion_id, created, body.model, results, engine, want_logprobs, plan, reasoning),
+        headers=headers,
     )
 
 
@@ -78,6 +94,8 @@ def _response_body(
     results: list[ChoiceResult],
     engine: AsyncEngine,
     want_logprobs: bool,
+    plan: ToolPlan | None,
+    reasoning: bool | None,
 ) -> dict[str, object]:
     num_prompt = results[0].num_prompt_tokens
     num_completion = sum(len(r.token_ids) for r in results)
@@ -86,41 +104,41 @@ def _response_body(
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [
-            {
-                "index": i,
-                # `refusal` is required by OpenAI's schema: null, surge never refuses.
-                "message": {"role": "assistant", "content": "".join(r.text), "refusal": None},
-                "logprobs": (
-                    {"content": chat_logprobs_json(engine.tokenizer, r.logprobs), "refusal": None}
-                    if want_logprobs
-                    else None
-                ),
-                "finish_reason": finish_reason_text(r.finish_reason),
-            }
-            for i, r in enumerate(results)
-        ],
+        "choices": [_choice(i, r, engine, want_logprobs, plan, reasoning) for i, r in enumerate(results)],
         "usage": Usage.of(num_prompt, num_completion).model_dump(),
     }
 
 
-class _ChatChunks:
-    """A chat stream's chunks: the role first, then content deltas with their logprobs, then the finish."""
-
-    def __init__(self, encoder: ChatChunkEncoder, tokenizer: Tokenizer) -> None:
-        self.encoder = encoder
-        self.tokenizer = tokenizer
-        self.usage = encoder.usage
-
-    def opening(self, num_choices: int) -> bytes:
-        return b"".join(event(self.encoder.role(i)) for i in range(num_choices))
-
-    def render(self, index: int, output: RequestOutput) -> bytes:
-        logprobs = chat_logprobs_json(self.tokenizer, output.logprobs) if output.logprobs else None
-        events = b""
-        if output.text or logprobs:
-            events = event(self.encoder.delta(index, output.text, logprobs=logprobs))
-        if output.finished:
-            reason = finish_reason_text(output.finish_reason)
-            events += event(self.encoder.delta(index, None, finish_reason=reason))
-        return events
+def _choice(
+    index: int,
+    result: ChoiceResult,
+    engine: AsyncEngine,
+    want_logprobs: bool,
+    plan: ToolPlan | None,
+    reasoning: bool | None,
+) -> dict[str, object]:
+    text = "".join(result.text)
+    reasoning_content = None
+    if reasoning is not None:
+        reasoning_content, text = split_reasoning(text, in_reasoning=reasoning)
+    # `refusal` is required by OpenAI's schema: null, surge never refuses.
+    message: dict[str, object] = {"role": "assistant", "content": text, "refusal": None}
+    if reasoning_content is not None:
+        message["reasoning_content"] = reasoning_content
+    num_calls = 0
+    if plan is not None:
+        reply = plan.format.parse(text)
+        message["content"] = reply.content
+        if reply.calls:
+            message["tool_calls"] = tool_calls_json(reply.calls)
+            num_calls = len(reply.calls)
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": (
+            {"content": chat_logprobs_json(engine.tokenizer, result.logprobs), "refusal": None}
+            if want_logprobs
+            else None
+        ),
+        "finish_reason": chat_finish_reason(result.finish_reason, num_calls, plan),
+    }

@@ -72,6 +72,10 @@ def _usage_json(usage: Usage) -> str:
     return usage.model_dump_json()
 
 
+def _chat_logprobs_json(logprobs: Sequence[dict[str, Any]] | None) -> str:
+    return "null" if logprobs is None else f'{{"content":{_encode(logprobs)},"refusal":null}}'
+
+
 class _ChunkEncoder:
     def __init__(self, *, object_name: str, completion_id: str, model: str, created: int, include_usage: bool) -> None:
         self._head = (
@@ -118,10 +122,28 @@ class ChatChunkEncoder(_ChunkEncoder):
         """A chunk of text (None: an empty delta, e.g. for the finish), with the logprobs of
         its tokens as built by `chat_logprob_entry`."""
         delta = "{}" if text is None else f'{{"content":{_encode(text)}}}'
-        logprobs_json = "null" if logprobs is None else f'{{"content":{_encode(logprobs)},"refusal":null}}'
+        logprobs_json = _chat_logprobs_json(logprobs)
         finish_json = "null" if finish_reason is None else _encode(finish_reason)
         return self._chunk(
             f'{{"index":{index},"delta":{delta},"logprobs":{logprobs_json},"finish_reason":{finish_json}}}'
+        )
+
+    def reasoning(self, index: int, text: str, *, logprobs: Sequence[dict[str, Any]] | None = None) -> str:
+        """Reasoning text (vLLM's `delta.reasoning_content`)."""
+        logprobs_json = _chat_logprobs_json(logprobs)
+        return self._chunk(
+            f'{{"index":{index},"delta":{{"reasoning_content":{_encode(text)}}},"logprobs":{logprobs_json},'
+            '"finish_reason":null}'
+        )
+
+    def tool_calls(
+        self, index: int, calls: Sequence[dict[str, Any]], *, logprobs: Sequence[dict[str, Any]] | None = None
+    ) -> str:
+        """Fragments of tool calls, in OpenAI's delta format (app/chat_chunks.py builds them)."""
+        logprobs_json = _chat_logprobs_json(logprobs)
+        return self._chunk(
+            f'{{"index":{index},"delta":{{"tool_calls":{_encode(calls)}}},"logprobs":{logprobs_json},'
+            '"finish_reason":null}'
         )
 
 

@@ -107,7 +107,7 @@ def test_max_completion_tokens_wins_over_max_tokens() -> None:
 
 
 def test_null_means_default_and_unknown_fields_are_ignored() -> None:
-    request = chat(n=None, stream=None, temperature=None, tools=[{"type": "function"}], future_field=1)
+    request = chat(n=None, stream=None, temperature=None, web_search_options={}, future_field=1)
     assert request.n == 1
     assert request.stream is False
     assert request.temperature is None

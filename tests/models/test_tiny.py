@@ -91,6 +91,54 @@ def test_special_token_ids(tiny_s: Path) -> None:
     assert generation.pad_token_id == endoftext
 
 
+def test_tag_tokens_are_atomic_and_stay_in_the_text(tiny_s: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_s)
+    ids = [tiny.TOOL_CALL_ID, tiny.TOOL_CALL_END_ID, tiny.THINK_ID, tiny.THINK_END_ID]
+    assert tokenizer.convert_tokens_to_ids(list(tiny.TAG_TOKENS)) == ids == list(range(8188, 8192))
+    text = 'ok <tool_call>\n{"a": 1}\n</tool_call><think>x</think>'
+    encoded = tokenizer.encode(text)
+    assert all(tag_id in encoded for tag_id in ids)
+    # Not special: a parser downstream must see them, whatever skip_special_tokens says.
+    assert tokenizer.decode(encoded, skip_special_tokens=True) == text
+
+
+def test_chat_template_renders_tools_calls_and_results(tiny_s: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_s)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+                {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "b", "content": "rain"},
+    ]
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
+    assert text.count("<|im_start|>system") == 1  # the system message is not repeated
+    calls = (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call><|im_end|>\n'
+    )
+    assert calls in text
+    results = (
+        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n"
+        "<tool_response>\nrain\n</tool_response><|im_end|>\n"
+    )
+    assert text.endswith(results + "<|im_start|>assistant\n")
+    no_thinking = tokenizer.apply_chat_template(
+        messages[1:2], add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
+    assert no_thinking.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
 def test_chat_template_renders_chatml(tiny_s: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_s)
     messages = [

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from models import tiny
 from models.tokenizer import Tokenizer
 
 
@@ -31,3 +32,13 @@ def test_decode_skips_special_tokens(tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode_chat([{"role": "user", "content": "hello"}])
     assert "<|im_start|>" not in tokenizer.decode(ids)
     assert "hello" in tokenizer.decode(ids)
+
+
+def test_decode_keeping_keeps_only_the_named_special_tokens() -> None:
+    tokenizer = Tokenizer(AutoTokenizer.from_pretrained(tiny.ensure_tokenizer()))
+    ids = [tiny.IM_START_ID, *tokenizer.encode("hi"), tiny.IM_END_ID]
+    assert tokenizer.decode(ids) == "hi"
+    assert tokenizer.decode_keeping(ids, {tiny.IM_START_ID}) == "<|im_start|>hi"
+    assert tokenizer.special_token_id("<|im_start|>") == tiny.IM_START_ID
+    assert tokenizer.special_token_id("<tool_call>") is None  # an added token, but not a special one
+    assert tokenizer.special_token_id("hello") is None

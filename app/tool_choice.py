@@ -1,0 +1,111 @@
+"""`tools`, `tool_choice` and `parallel_tool_calls` into a grammar and a parser for the reply.
+
+- `none` (the default without tools): the tools are still shown to the template, the reply is
+  plain content and never has calls (a `response_format` still applies).
+- `auto` (the default with tools): free text, or calls once the model opens one, each held to
+  its tool's schema; with a `response_format`, the text alternative is that document.
+- `required`: one call or more; a named tool: exactly one call of it (finish reason `stop`, as
+  OpenAI gives for a named choice, against `tool_calls` otherwise).
+- `parallel_tool_calls: false`: at most one call.
+
+A tool whose `parameters` the grammar library cannot enforce is a 400 naming `tools`, before
+any stream opens, like a bad `response_format`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from app.response_format import JSON_OBJECT, with_grammar
+from app.schemas import ChatCompletionRequest, ResponseFormat
+from app.schemas.tools import NamedToolChoice
+from app.tools.formats import ToolFormat
+from app.tools.grammar import CallGrammar, FunctionSpec, hermes_grammar, llama3_grammar, mistral_grammar
+from middleware.errors import OpenAIError, invalid_request
+from models.grammar import JSON_OPTIONS, GrammarCompiler, GrammarError, json_schema_grammar
+from models.sampling_params import SamplingParams
+
+GrammarBuilder = Callable[[CallGrammar], str]
+GRAMMARS: dict[str, GrammarBuilder] = {
+    "hermes": hermes_grammar,
+    "llama3_json": llama3_grammar,
+    "mistral": mistral_grammar,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    format: ToolFormat  # parses the reply into content and calls
+    grammar: str  # llguidance grammar text
+    kind: str  # tools_auto, tools_required, tools_named: the metrics' kind
+    named: bool  # a named tool_choice: the finish reason stays "stop"
+    keep_special_ids: tuple[int, ...]  # the format's tags that are special tokens, kept in the text
+
+
+def plan_tools(
+    request: ChatCompletionRequest,
+    fmt: ToolFormat,
+    terminal: Callable[[str], str],
+    special_id: Callable[[str], int | None],
+) -> ToolPlan | None:
+    """The request's tool plan; None when no call may be made (no tools, or `none`).
+    `terminal` writes a tag into a grammar; `special_id` says which tags are special tokens."""
+    choice = request.effective_tool_choice
+    if not request.tools or choice == "none":
+        return None
+    functions = [FunctionSpec(tool.function.name, tool.function.parameters) for tool in request.tools]
+    mode: str
+    if isinstance(choice, NamedToolChoice):
+        functions = [function for function in functions if function.name == choice.function.name]
+        mode = "named"
+    else:
+        mode = choice
+    content = _content_schema(request.response_format) if mode == "auto" else None
+    grammar = GRAMMARS[fmt.name](CallGrammar(functions, mode, request.parallel_tool_calls, content, terminal))
+    keep = tuple(token_id for token_id in map(special_id, fmt.tags) if token_id is not None)
+    return ToolPlan(fmt, grammar, f"tools_{mode}", mode == "named", keep)
+
+
+def _content_schema(response_format: ResponseFormat | None) -> Mapping[str, Any] | None:
+    if response_format is None or response_format.type == "text":
+        return None
+    schema: Mapping[str, Any] = JSON_OBJECT
+    if response_format.json_schema is not None and response_format.json_schema.json_schema:
+        schema = response_format.json_schema.json_schema
+    return {**schema, "x-guidance": dict(JSON_OPTIONS)}
+
+
+async def constrain_tools(
+    compiler: GrammarCompiler,
+    request: ChatCompletionRequest,
+    plan: ToolPlan,
+    choice_params: Sequence[SamplingParams],
+    counts: Counter[str],
+) -> list[SamplingParams]:
+    """choice_params under the plan's grammar; a 400 naming the tool whose schema cannot be enforced."""
+
+    def refuse(problem: str) -> OpenAIError:
+        return invalid_request(_culprit(compiler, request) or f"Invalid tools: {problem}", param="tools")
+
+    constrained = await with_grammar(
+        compiler, plan.grammar, choice_params, kind=plan.kind, counts=counts, refuse=refuse
+    )
+    if not plan.keep_special_ids:
+        return constrained
+    return [replace(params, keep_special_ids=plan.keep_special_ids) for params in constrained]
+
+
+def _culprit(compiler: GrammarCompiler, request: ChatCompletionRequest) -> str | None:
+    """The first tool whose parameters alone fail to compile, as an error message (the error
+    path only: each schema is compiled on its own to name the one at fault)."""
+    for tool in request.tools or []:
+        if tool.function.parameters is None:
+            continue
+        try:
+            compiler.check(json_schema_grammar(tool.function.parameters))
+        except GrammarError as exc:
+            return f"Invalid schema for function '{tool.function.name}': {exc}"
+    return None

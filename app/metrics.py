@@ -89,7 +89,7 @@ class EngineMetrics:
         }
         self.grammar_masks = histogram(
             "surge_grammar_mask_seconds",
-            "Seconds one engine step spent computing the token masks of its constrained rows.",
+            "Seconds computing one engine step's token masks for its constrained rows (beside its forward pass).",
             GRAMMAR_BUCKETS,
         )
         self.grammar_compile = histogram(

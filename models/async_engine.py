@@ -203,7 +203,9 @@ class AsyncEngine:
         if config.separate_process or spawned is not None:
             process = EngineProcess(config, dispatch, observer, loop, process_init, spawned)
             tokenizer = await process.wait_started()
-            return cls(process, tokenizer, process.engine_config, groups, observer)
+            engine = cls(process, tokenizer, process.engine_config, groups, observer)
+            await asyncio.to_thread(engine.grammars.prepare)
+            return engine
         loaded = await asyncio.to_thread(load_model, config.model)
         config = resolve_max_model_len(config, loaded)
 
@@ -219,7 +221,9 @@ class AsyncEngine:
             if core.dead is not None:
                 raise EngineDeadError(f"warmup failed: {core.dead!r}")
             await asyncio.sleep(0.02)
-        return cls(core, loaded.tokenizer, config, groups, observer)
+        engine = cls(core, loaded.tokenizer, config, groups, observer)
+        await asyncio.to_thread(engine.grammars.prepare)
+        return engine
 
     def stop(self) -> None:
         self.core.stop()

@@ -23,6 +23,7 @@ from models.echo import EchoRunner, echo_token_ids
 from models.faults import forward_faults_from_env
 from models.gpu import GpuStat, read_gpu_stats
 from models.grammar import GrammarCompiler, GrammarError
+from models.grammar_masks import MaskWorker
 from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
 from models.model_runner import ModelRunner, Runner
@@ -88,6 +89,7 @@ class EngineCore:
             self.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len)
         self.sampler = Sampler(loaded.vocab_size, self.runner.device)
         self.grammars = GrammarCompiler(loaded.tokenizer.hf, loaded.vocab_size, loaded.tokenizer.eos_token_ids)
+        self._masks = MaskWorker(loaded.vocab_size)
         self._threads = loaded.threads
         self.scheduler = Scheduler(config, loaded.tokenizer.eos_token_ids)
         self._publish = publish
@@ -210,6 +212,8 @@ class EngineCore:
             log.exception("engine loop died")
             self.dead = exc
             self._fail_all(f"the engine stopped: {exc!r}")
+        finally:
+            self._masks.close()
 
     def step(self) -> None:
         """Schedule, execute, postprocess, publish: one iteration of the running batch."""
@@ -241,12 +245,15 @@ class EngineCore:
             self._faults.before_forward()
         if self._threads is not None:
             self._threads.before_step(plan.num_prompt_tokens)
-        logits = self.runner.forward(plan.num_slots, plan.prefills, plan.decodes)
         requests = self._requests
         rows = [requests[seq.request_id].row for seq in plan.sampled]
+        constrained = [i for i, row in enumerate(rows) if row.matcher is not None]
+        # The grammar masks are computed while the model runs (models/grammar_masks.py).
+        masks = self._masks.start(constrained, [rows[i].matcher for i in constrained])  # type: ignore[misc]
+        logits = self.runner.forward(plan.num_slots, plan.prefills, plan.decodes)
         if not rows:
             return [], []
-        result = self.sampler(logits, rows)
+        result = self.sampler(logits, rows, masks.result() if masks is not None else None)
         if result.mask_seconds:
             self.observer.on_grammar_masks(result.mask_seconds)
         return result.token_ids, result.logprobs
@@ -411,6 +418,7 @@ class EngineCore:
         num_seqs = self.config.max_num_seqs
         prompt_len = max(1, min(16, self.config.max_model_len - 3))
         log.info("warming up: %d sequences, prompt %d tokens", num_seqs, prompt_len)
+        self.grammars.prepare()
         observer, publish = self.observer, self._publish
         self.observer, self._publish = NULL_OBSERVER, _publish_nothing
         for i in range(num_seqs):

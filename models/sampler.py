@@ -25,14 +25,13 @@ Deliberate choices (timings: one CPU thread, 32 rows):
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from llguidance import LLMatcher
 
-from models.grammar import fill_disallowed
+from models.grammar_masks import GrammarMasks
 from models.outputs import TokenLogprob
 from models.sampling_params import SamplingParams
 
@@ -92,69 +91,72 @@ class Sampler:
         self.vocab_size = vocab_size
         self.device = device
 
-    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
-        """logits: (B, V) of any float dtype, row i belonging to rows[i]. Never modified."""
+    def __call__(
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow], masks: GrammarMasks | None = None
+    ) -> SampleResult:
+        """logits: (B, V) of any float dtype, row i belonging to rows[i]. Never modified.
+
+        masks: the step's grammar masks, when the engine computed them ahead (models/grammar_masks.py);
+        computed here when a row has a matcher and they are not given."""
         if logits.dim() != 2 or logits.shape[0] != len(rows) or logits.shape[1] != self.vocab_size:
             raise ValueError(f"expected logits of shape ({len(rows)}, {self.vocab_size}), got {tuple(logits.shape)}")
         if all(_is_plain_greedy(row) for row in rows):
             # The common case pays for one argmax and one device-to-host copy.
             return SampleResult(_argmax_rows(logits), [None] * len(rows))
 
-        masks = _GrammarMasks.of(rows, self.vocab_size, logits.device)
-        tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # (B,)
-        greedy: list[int] = []
+        if masks is None:
+            constrained = [i for i, row in enumerate(rows) if row.matcher is not None]
+            if constrained:
+                matchers = [rows[i].matcher for i in constrained]
+                masks = GrammarMasks.compute(constrained, matchers, self.vocab_size)  # type: ignore[arg-type]
+        chosen = [0] * len(rows)
+        raw_greedy: list[int] = []  # greedy rows whose logits nothing changes but a grammar
+        greedy: list[int] = []  # greedy rows with a bias or penalties
         by_top_k: dict[int, list[int]] = {}  # 0: no top-k (whole vocabulary)
         for i, row in enumerate(rows):
             if row.params.is_greedy:
-                greedy.append(i)
+                plain = not row.params.logit_bias and not (row.params.has_penalties and row.output_token_ids)
+                (raw_greedy if plain else greedy).append(i)
             else:
                 top_k = row.params.top_k if row.params.top_k < self.vocab_size else 0
                 by_top_k.setdefault(top_k, []).append(i)
+        if raw_greedy:
+            greedy += self._raw_argmax(logits, raw_greedy, masks, chosen)
+            greedy.sort()
         if greedy:
             x = _group_logits(logits, rows, greedy, masks, private=False)  # (g, V)
-            tokens[_index(greedy, logits.device)] = x.argmax(-1)
+            for i, token_id in zip(greedy, _argmax_rows(x), strict=True):
+                chosen[i] = token_id
         for top_k, group in by_top_k.items():
             # Only the whole-vocabulary path works in place, so only it needs a private copy.
             x = _group_logits(logits, rows, group, masks, private=top_k == 0)  # (n, V)
-            tokens[_index(group, logits.device)] = _sample_group(x, top_k, [rows[i] for i in group])
+            sampled = _sample_group(x, top_k, [rows[i] for i in group]).tolist()
+            for i, token_id in zip(group, sampled, strict=True):
+                chosen[i] = token_id
+        seconds = masks.seconds if masks is not None else 0.0
+        return SampleResult(chosen, _logprobs(logits, rows, chosen), seconds)
 
-        token_ids = tokens.tolist()
-        return SampleResult(token_ids, _logprobs(logits, rows, tokens, token_ids), masks.seconds)
+    @staticmethod
+    def _raw_argmax(logits: torch.Tensor, group: list[int], masks: GrammarMasks | None, chosen: list[int]) -> list[int]:
+        """Writes each row's argmax into `chosen`; returns the rows whose grammar forbids it.
 
-
-@dataclass(frozen=True, slots=True)
-class _GrammarMasks:
-    """One step's grammar masks: `disallowed[k]` (True: forbidden) belongs to row `rows[k]`."""
-
-    rows: list[int]  # sorted positions of the constrained rows in the step
-    disallowed: torch.Tensor | None  # (len(rows), V) bool on the logits' device; None if no row
-    seconds: float = 0.0  # spent computing them
-
-    @classmethod
-    def of(cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device) -> _GrammarMasks:
-        constrained = [i for i, row in enumerate(rows) if row.matcher is not None]
-        if not constrained:
-            return cls([], None)
-        start = time.perf_counter()
-        disallowed = fill_disallowed([rows[i].matcher for i in constrained], vocab_size)  # type: ignore[misc]
-        disallowed = disallowed.to(device, non_blocking=True)
-        return cls(constrained, disallowed, time.perf_counter() - start)
-
-    def apply(self, x: torch.Tensor, group: list[int]) -> None:
-        """Sets x's forbidden logits to -inf, in place; x (n, V) holds the rows at `group`."""
-        if self.disallowed is None:
-            return
-        if group == self.rows:  # every row of the group constrained: one call
-            x.masked_fill_(self.disallowed, float("-inf"))
-            return
-        mask_of = {row: k for k, row in enumerate(self.rows)}
-        for j, row in enumerate(group):
-            k = mask_of.get(row)
-            if k is not None:
-                x[j].masked_fill_(self.disallowed[k], float("-inf"))
-
-    def covers(self, group: list[int]) -> bool:
-        return self.disallowed is not None and not set(group).isdisjoint(self.rows)
+        NOTE: the raw argmax is the masked one whenever the grammar allows it (every token before
+        it is smaller), and testing one bit is far cheaper than masking a row of logits; only
+        the rows it fails for go through the mask."""
+        mask_of = {row: k for k, row in enumerate(masks.rows)} if masks is not None else {}
+        redo = []
+        if 2 * len(group) >= logits.shape[0]:  # cheaper to read every row than to copy the group's
+            every = _argmax_rows(logits)
+            argmax = [every[i] for i in group]
+        else:
+            argmax = _argmax_rows(_take_rows(logits, group))
+        for i, token_id in zip(group, argmax, strict=True):
+            k = mask_of.get(i)
+            if k is not None and not masks.allows(k, token_id):  # type: ignore[union-attr]
+                redo.append(i)
+            else:
+                chosen[i] = token_id
+        return redo
 
 
 def _is_plain_greedy(row: SamplingRow) -> bool:
@@ -180,7 +182,7 @@ def _take_rows(x: torch.Tensor, positions: list[int]) -> torch.Tensor:
 
 
 def _group_logits(
-    logits: torch.Tensor, rows: Sequence[SamplingRow], group: list[int], masks: _GrammarMasks, *, private: bool
+    logits: torch.Tensor, rows: Sequence[SamplingRow], group: list[int], masks: GrammarMasks | None, *, private: bool
 ) -> torch.Tensor:
     """(n, V) float32 logits of the rows at `group`, after logit_bias and penalties (OpenAI's
     order), then the grammar masks: a forbidden token is -inf whatever its bias.
@@ -191,7 +193,7 @@ def _group_logits(
     group_rows = [rows[i] for i in group]
     has_bias = any(row.params.logit_bias for row in group_rows)
     has_penalties = any(row.params.has_penalties and row.output_token_ids for row in group_rows)
-    has_masks = masks.covers(group)
+    has_masks = masks is not None and masks.covers(group)
     x = _take_rows(logits, group)
     copied = x is not logits
     x = x.to(torch.float32, copy=not copied and (private or has_bias or has_penalties or has_masks))
@@ -200,7 +202,7 @@ def _group_logits(
     if has_penalties:
         _apply_penalties(x, group_rows)
     if has_masks:
-        masks.apply(x, group)
+        masks.apply(x, group)  # type: ignore[union-attr]
     return x
 
 
@@ -352,19 +354,15 @@ def _sample_nucleus(
     return tokens
 
 
-def _logprobs(
-    logits: torch.Tensor, rows: Sequence[SamplingRow], tokens: torch.Tensor, token_ids: list[int]
-) -> list[TokenLogprob | None]:
-    """The chosen token's logprob and the top alternatives under the RAW logits, per row.
-
-    tokens (B,) and token_ids are the same choices, on the device and on the host.
-    """
+def _logprobs(logits: torch.Tensor, rows: Sequence[SamplingRow], token_ids: list[int]) -> list[TokenLogprob | None]:
+    """The chosen token's logprob and the top alternatives under the RAW logits, per row."""
     result: list[TokenLogprob | None] = [None] * len(rows)
     wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
     if not wanted:
         return result
     logprobs = _take_rows(logits, wanted).log_softmax(-1, dtype=torch.float32)  # (L, V)
-    chosen = logprobs.gather(1, tokens[_index(wanted, logits.device)][:, None]).squeeze(1).tolist()
+    tokens = _index([token_ids[i] for i in wanted], logits.device)  # (L,)
+    chosen = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
     num_top = max(rows[i].params.logprobs or 0 for i in wanted)
     top_values: list[list[float]] = [[] for _ in wanted]
     top_ids: list[list[int]] = [[] for _ in wanted]

@@ -4,6 +4,7 @@
     .venv/bin/python -m scripts.bench --smoke --out /tmp/bench.md   # seconds long, for CI
     .venv/bin/python -m scripts.bench --stack off,memory,redis        # the traffic stack's cost
     .venv/bin/python -m scripts.bench --systems surge,naive --rate 4 --duration 20   # plus an open loop
+    .venv/bin/python -m scripts.bench --structured --concurrency 32 --rounds 3       # constrained decoding's cost
     make bench                                                        # the bench extra, then the full run
 
 For each concurrency B (default 1,8,32,64), one measurement after another so nothing overlaps:
@@ -59,6 +60,7 @@ from typing import Any, Protocol
 from tqdm import tqdm
 
 from models.cpus import prefill_thread_count  # no torch: this process stays free of it
+from scripts.benchkit import structured
 from scripts.benchkit.load import (
     DEFAULT_PROMPT_WORDS,
     LoadSpec,
@@ -71,6 +73,7 @@ from scripts.benchkit.load import (
 )
 from scripts.benchkit.plots import is_plottable, write_plots
 from scripts.benchkit.report import COLUMNS, VS_OFF_COLUMNS, add_vs_off, format_cell, markdown_table, render
+from scripts.benchkit.structured import StructuredSpec
 from scripts.harness.procs import cpu_model
 from scripts.harness.redis_server import RedisServer
 from scripts.harness.servers import REPO_ROOT, ServerProcess, surge_argv
@@ -513,6 +516,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-ceiling", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench-results" / "bench.md")
     parser.add_argument("--smoke", action="store_true", help="seconds long: size s, concurrency 4, 8 tokens, 1 each")
+    parser.add_argument(
+        "--structured",
+        action="store_true",
+        help="structured outputs under load instead (scripts/benchkit/structured.py): plain against half"
+        " json_schema at the largest --concurrency, and new schemas arriving while streams run",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.model_size, args.concurrency, args.max_tokens, args.requests_per_client = "s", "4", 8, 1
@@ -543,6 +552,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def run_structured(model_dir: Path, args: argparse.Namespace, command: str, machine: dict[str, Any]) -> int:
+    concurrency = max(args.concurrency)
+    spec = StructuredSpec(concurrency, args.requests_per_client, args.max_tokens, max(args.rounds, 1))
+    server = surge_server(model_dir, concurrency, args)
+    server.start()
+    try:
+        report = structured.run(server.base_url, server.model_name, spec, log=lambda line: print(line, flush=True))
+    finally:
+        server.stop()
+    table = structured.render(report, spec, command, machine)
+    print("\n" + table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(table)
+    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "machine": machine} | report, indent=1))
+    return 1 if any(row["errors"] for row in report["rows"]) else 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--ceiling-worker"]:
         print(json.dumps(ceiling_worker(**json.loads(argv[1]))))
@@ -551,6 +577,8 @@ def main(argv: list[str]) -> int:
     command = shlex.join(sys.orig_argv)
     machine = machine_info()
     model_dir = args.model_dir.resolve() if args.model_dir else ensure_model(args.model_size, args.cache_dir)
+    if args.structured:
+        return run_structured(model_dir, args, command, machine)
     open_loop = f"; open loop: Poisson {args.rate:g} req/s for {args.duration:g} s" if args.rate else ""
     note = (
         f"Model `{model_dir.name}`; {args.max_tokens} new tokens per request, greedy, ignore_eos where the "

@@ -13,7 +13,7 @@ import itertools
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -65,38 +65,51 @@ class LoadSpec:
     duration_s: float = 10.0  # open loop: arrivals stop after this long; the run waits for the last one
 
 
+class StatusError(Exception):
+    """The server answered a stream with a status other than 200; the message holds its body's start."""
+
+
+async def sse_events(
+    client: RawHttpClient, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> AsyncIterator[dict[str, Any]]:
+    """The JSON events of one streamed POST, as they arrive (keep-alives and `[DONE]` skipped)."""
+    request_headers = {"content-type": "application/json", "accept": "text/event-stream", **(headers or {})}
+    async with client.stream("POST", path, json.dumps(body).encode(), request_headers) as (response, chunks):
+        if response.status != 200:
+            text = b"".join([chunk async for chunk in chunks]).decode(errors="replace")[:200]
+            raise StatusError(f"HTTP {response.status}: {text}")
+        pending = b""
+        async for chunk in chunks:
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()  # an incomplete last line waits for the next chunk
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue  # blank separators and `:` keep-alive comments
+                data = line[5:].strip()
+                if data == b"[DONE]":  # NOTE: not required; some servers end without it
+                    continue
+                yield json.loads(data)
+
+
 async def stream_chat(
     client: RawHttpClient, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> RequestResult:
     result = RequestResult()
     content_times: list[float] = []
     finish_reason, usage = None, None
-    request_headers = {"content-type": "application/json", "accept": "text/event-stream", **(headers or {})}
     start = time.perf_counter()
     try:
         async with asyncio.timeout(REQUEST_TIMEOUT_S):
-            async with client.stream("POST", path, json.dumps(body).encode(), request_headers) as (response, chunks):
-                if response.status != 200:
-                    text = b"".join([chunk async for chunk in chunks]).decode(errors="replace")[:200]
-                    return RequestResult(error=f"HTTP {response.status}: {text}")
-                pending = b""
-                async for chunk in chunks:
-                    lines = (pending + chunk).split(b"\n")
-                    pending = lines.pop()  # an incomplete last line waits for the next chunk
-                    for line in lines:
-                        if not line.startswith(b"data:"):
-                            continue  # blank separators and `:` keep-alive comments
-                        data = line[5:].strip()
-                        if data == b"[DONE]":  # NOTE: not required; some servers end without it
-                            continue
-                        event = json.loads(data)
-                        if "error" in event:
-                            return RequestResult(error=f"stream error: {event['error']}")
-                        usage = event.get("usage") or usage
-                        for choice in event.get("choices") or ():
-                            if (choice.get("delta") or {}).get("content"):
-                                content_times.append(time.perf_counter())
-                            finish_reason = choice.get("finish_reason") or finish_reason
+            async for event in sse_events(client, path, body, headers):
+                if "error" in event:
+                    return RequestResult(error=f"stream error: {event['error']}")
+                usage = event.get("usage") or usage
+                for choice in event.get("choices") or ():
+                    if (choice.get("delta") or {}).get("content"):
+                        content_times.append(time.perf_counter())
+                    finish_reason = choice.get("finish_reason") or finish_reason
+    except StatusError as exc:
+        return RequestResult(error=str(exc))
     except (RawHttpError, json.JSONDecodeError, TimeoutError) as exc:
         return RequestResult(error=f"{type(exc).__name__}: {exc}")
     result.e2e_s = time.perf_counter() - start

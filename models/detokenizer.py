@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from models.stop_strings import StopStrings
+
 # Prompt tokens kept as left context: enough for any tokenizer's merges to settle.
 _CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
@@ -27,8 +29,8 @@ class IncrementalDetokenizer:
         self._ids: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
-        self._stop = tuple(s for s in stop if s)
-        self._max_stop_len = max((len(s) for s in self._stop), default=0)
+        stops = [s for s in stop if s]
+        self._stops = StopStrings(stops) if stops else None
         self.text = ""  # all decoded output text, stop string excluded once matched
         self._num_emitted = 0  # characters of self.text already returned
 
@@ -56,28 +58,16 @@ class IncrementalDetokenizer:
         return rest
 
     def _append(self, added: str) -> tuple[str, bool]:
-        if not self._stop:
+        if self._stops is None:
             self.text += added
             self._num_emitted = len(self.text)
             return added, False
-        search_from = max(0, len(self.text) - self._max_stop_len + 1)
+        hit = self._stops.feed(added, len(self.text))
         self.text += added
-        hit = min(
-            (i for i in (self.text.find(s, search_from) for s in self._stop) if i >= 0),
-            default=-1,
-        )
-        if hit >= 0:
+        if hit is not None:
             self.text = self.text[:hit]
             return self.flush(), True
-        safe_end = len(self.text) - self._partial_stop_len()
+        safe_end = len(self.text) - self._stops.held
         out = self.text[self._num_emitted : safe_end]
         self._num_emitted = max(self._num_emitted, safe_end)
         return out, False
-
-    def _partial_stop_len(self) -> int:
-        """Length of the longest tail of the text that is a proper prefix of a stop string."""
-        for n in range(min(self._max_stop_len - 1, len(self.text)), 0, -1):
-            tail = self.text[-n:]
-            if any(s.startswith(tail) for s in self._stop):
-                return n
-        return 0

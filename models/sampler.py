@@ -52,6 +52,9 @@ class SamplingRow:
     # Set iff params.grammar is not None: the sequence's grammar state (models/grammar.py), which
     # the engine advances with each sampled token. The sampler only reads its mask.
     matcher: LLMatcher | None = None
+    # params.logit_bias as (token ids, biases) on the device, within the vocabulary: built on the
+    # row's first step, so a step's cost does not grow with the number of entries.
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,21 +211,29 @@ def _group_logits(
 
 def _add_logit_bias(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
     """Adds rows[i]'s logit_bias to x[i], in place. x: (n, V)"""
-    vocab_size = x.shape[1]
-    row_ids: list[int] = []
-    token_ids: list[int] = []
-    biases: list[float] = []
+    row_ids, token_ids, biases = [], [], []
     for i, row in enumerate(rows):
-        for token_id, bias in row.params.logit_bias.items():
-            # NOTE: ids outside the logits are ignored, not raised: one request's bad id must
-            # not fail the whole batch. The API layer is where a 400 for them belongs.
-            if 0 <= token_id < vocab_size:
-                row_ids.append(i)
-                token_ids.append(token_id)
-                biases.append(bias)
+        if not row.params.logit_bias:
+            continue
+        if row.bias is None:
+            row.bias = _bias_tensors(row.params.logit_bias, x.shape[1], x.device)
+        ids, values = row.bias
+        row_ids.append(torch.full_like(ids, i))
+        token_ids.append(ids)
+        biases.append(values)
     if row_ids:
-        index = (_index(row_ids, x.device), _index(token_ids, x.device))
-        x.index_put_(index, torch.tensor(biases, dtype=x.dtype, device=x.device), accumulate=True)
+        index = (torch.cat(row_ids), torch.cat(token_ids))
+        x.index_put_(index, torch.cat(biases).to(x.dtype), accumulate=True)
+
+
+def _bias_tensors(
+    logit_bias: dict[int, float], vocab_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # NOTE: ids outside the logits are ignored, not raised: one request's bad id must not fail
+    # the whole batch. The API layer is where a 400 for them belongs.
+    kept = [(token_id, bias) for token_id, bias in logit_bias.items() if 0 <= token_id < vocab_size]
+    ids = torch.tensor([token_id for token_id, _ in kept], dtype=torch.long, device=device)
+    return ids, torch.tensor([bias for _, bias in kept], dtype=torch.float32, device=device)
 
 
 def _apply_penalties(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:

@@ -47,7 +47,7 @@ def create_app(
     state = ServerState(settings)
     if settings.redis_url:
         state.redis = RedisBackend(settings.redis_url, timeout=settings.redis_timeout_ms / 1000)
-    state.dedup = DedupCache(ttl=settings.dedup_ttl_seconds, redis=state.redis)
+    state.dedup = DedupCache(ttl=settings.dedup_ttl_seconds, redis=state.redis, scope=settings.dedup_scope)
 
     async def load() -> None:
         if state.redis is not None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from middleware.admission.admission import AdmissionConfig
 from middleware.admission.degradation import DegradationConfig
+from middleware.dedup.cache import DEDUP_SCOPES
 from middleware.keys_file import KeysFile, load_keys_file
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
 
@@ -140,6 +141,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("idempotency_ttl_seconds", float, "how long a finished response is kept for Idempotency-Key retries"),
     Option("idempotency_lease_seconds", float, "in-flight lease of an Idempotency-Key, extended while it runs"),
     Option("dedup_ttl_seconds", float, "how long identical deterministic requests share a result; 0 = off"),
+    Option(
+        "dedup_scope", str, "who shares dedup results: key (requests of one API key) or global", choices=DEDUP_SCOPES
+    ),
     # --- admission control and degradation ---------------------------------------------------
     Option("max_queued_requests", int, "waiting requests beyond which new ones get a fast 503; 0 = no bound"),
     Option("max_queued_tokens", int, "waiting prompt tokens beyond which new requests get a 503; 0 = no bound"),
@@ -203,6 +207,7 @@ class Settings:
     idempotency_ttl_seconds: float = 86400.0
     idempotency_lease_seconds: float = 30.0
     dedup_ttl_seconds: float = 300.0
+    dedup_scope: str = "key"
     max_queued_requests: int = _ADMISSION.max_queued_requests
     max_queued_tokens: int = _ADMISSION.max_queued_tokens
     max_queue_seconds: float = _SCHEDULER.max_queue_seconds
@@ -243,6 +248,8 @@ class Settings:
             raise ValueError("idempotency TTL and lease must be positive")
         if self.dedup_ttl_seconds < 0:
             raise ValueError("dedup_ttl_seconds must be 0 (off) or positive")
+        if self.dedup_scope not in DEDUP_SCOPES:
+            raise ValueError(f"dedup_scope must be one of {', '.join(DEDUP_SCOPES)}")
         engine = EngineConfig(
             model=ModelConfig(
                 self.model,

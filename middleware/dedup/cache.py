@@ -3,7 +3,10 @@
 A request is eligible when its result is determined (greedy, or a seed given), it asks for one
 choice of one prompt, and it does not say `Cache-Control: no-cache` (or `no-store`). Its
 fingerprint covers the served model, the endpoint, the prompt's token ids and every sampling
-parameter; not `stream`, so a streamed and a non-streamed request share one generation.
+parameter; not `stream`, so a streamed and a non-streamed request share one generation. It also
+covers the caller's API key (scope `key`, the default), so one tenant never receives another's
+completion, nor learns from a fast reply (or the hit counter) that someone sent the same prompt;
+scope `global` shares across keys (`--dedup-scope`). With auth off there is one tenant.
 
 - Single flight: the first request starts a *flight*, owned by this cache (not by any client),
   which relays the engine's deltas to every handle listening. A handle that joins late first
@@ -64,8 +67,16 @@ def wants_fresh(headers: Mapping[str, str]) -> bool:
 _PARAM_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
 
+DEDUP_SCOPES = ("key", "global")
+
+
 def request_fingerprint(
-    *, model: str, endpoint: str, prompts: Sequence[Sequence[int]], choice_params: Sequence[SamplingParams]
+    *,
+    model: str,
+    endpoint: str,
+    prompts: Sequence[Sequence[int]],
+    choice_params: Sequence[SamplingParams],
+    tenant: str = "",
 ) -> str | None:
     """sha256 of everything that decides the output; None when the output is not determined."""
     if len(prompts) != 1 or len(choice_params) != 1:
@@ -77,6 +88,8 @@ def request_fingerprint(
     # Shallow (no field is a dataclass): `asdict` deep-copies, a third of this function's time.
     fields_ = {name: getattr(params, name) for name in _PARAM_FIELDS}
     canonical = {"v": 1, "model": model, "endpoint": endpoint, "prompt": list(prompts[0]), "params": fields_}
+    if tenant:  # "" (global scope, or auth off) keeps the keys the cache always had
+        canonical["tenant"] = tenant
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -92,10 +105,15 @@ class DedupCache:
         max_entries: int = DEFAULT_MAX_ENTRIES,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         clock: Callable[[], float] = time.monotonic,
+        scope: str = "key",
     ) -> None:
-        """ttl: seconds a finished result is replayed (0 = dedup off). clock: for that TTL only."""
+        """ttl: seconds a finished result is replayed (0 = dedup off). clock: for that TTL only.
+        scope: "key" (results shared only among requests of one API key) or "global"."""
         if ttl < 0:
             raise ValueError("the dedup TTL must be 0 (off) or positive")
+        if scope not in DEDUP_SCOPES:
+            raise ValueError(f"the dedup scope must be one of {', '.join(DEDUP_SCOPES)}")
+        self.scope = scope
         if lease <= 0 or max_wait < 0 or poll_interval <= 0:
             raise ValueError("lease and poll_interval must be positive, max_wait not negative")
         self.ttl = ttl
@@ -123,11 +141,15 @@ class DedupCache:
         endpoint: str,
         prompts: Sequence[Sequence[int]],
         choice_params: Sequence[SamplingParams],
+        api_key: str | None = None,
     ) -> str | None:
         """The request's dedup key, or None when dedup is off or the request is not eligible."""
         if self.ttl == 0 or wants_fresh(headers):
             return None
-        return request_fingerprint(model=model, endpoint=endpoint, prompts=prompts, choice_params=choice_params)
+        tenant = (api_key or "") if self.scope == "key" else ""
+        return request_fingerprint(
+            model=model, endpoint=endpoint, prompts=prompts, choice_params=choice_params, tenant=tenant
+        )
 
     def key_of(self, generation: Generation, *, model: str) -> str | None:
         """`fingerprint` of an after-parse request."""
@@ -137,6 +159,7 @@ class DedupCache:
             endpoint=generation.endpoint,
             prompts=generation.prompts,
             choice_params=generation.choice_params,
+            api_key=generation.scope.get("state", {}).get("api_key"),
         )
 
     async def run(self, key: str | None, start: Callable[[], Awaitable[OutputSource]]) -> OutputSource:

@@ -492,3 +492,13 @@ def test_the_fingerprint_keeps_its_canonical_form_across_versions() -> None:
     canonical = {"v": 1, "model": MODEL, "endpoint": "chat", "prompt": list(p), "params": dataclasses.asdict(params)}
     expected = hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert request_fingerprint(model=MODEL, endpoint="chat", prompts=[p], choice_params=[params]) == expected
+
+
+def test_the_tenant_is_part_of_the_key() -> None:
+    p, params = prompt(7), greedy(8)
+
+    def keyed(tenant: str) -> str | None:
+        return request_fingerprint(model=MODEL, endpoint="chat", prompts=[p], choice_params=[params], tenant=tenant)
+
+    assert keyed("") == key_of(p, params)  # no tenant: the keys the cache always had
+    assert len({keyed(""), keyed("sk-a"), keyed("sk-b")}) == 3

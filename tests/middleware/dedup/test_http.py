@@ -54,3 +54,26 @@ def test_identical_requests_run_once_and_get_the_same_text(tiny_model_dir: Path)
         assert cached == fresh == texts[0]
         assert (dedup.num_misses, dedup.num_hits, dedup.num_bypassed) == (1, 4, 1)
         live.wait_idle()
+
+
+def test_one_tenant_never_gets_another_tenants_completion(tiny_model_dir: Path) -> None:
+    """The attack: key B sends key A's prompt and gets A's stored completion, or learns from a hit
+    that A sent it. Scoped per key by default; `--dedup-scope global` shares across keys."""
+    keys = ("sk-tenant-a", "sk-tenant-b")
+    for scope, shared in (("key", False), ("global", True)):
+        with running_server(tiny_model_dir, max_model_len=512, api_key=keys, dedup_scope=scope) as live:
+            url = f"{live.url}/v1/chat/completions"
+            dedup = live.state.dedup
+
+            def send(key: str, url: str = url) -> httpx.Response:
+                return httpx.post(url, json=BODY, headers={"authorization": f"Bearer {key}"}, timeout=30)
+
+            first = send(keys[0])
+            assert send(keys[0]).json()["choices"][0]["message"] == first.json()["choices"][0]["message"]
+            assert (dedup.num_misses, dedup.num_hits) == (1, 1)  # the same tenant shares
+            other = send(keys[1])
+            assert other.status_code == 200
+            assert (dedup.num_misses, dedup.num_hits) == ((1, 2) if shared else (2, 1)), scope
+            metrics = httpx.get(f"{live.url}/metrics").text
+            assert f'surge_dedup_hits_total{{model="{MODEL_NAME}"}} {2.0 if shared else 1.0}' in metrics
+            live.wait_idle()

@@ -75,7 +75,11 @@ def _auth_options(settings: Settings) -> dict[str, object]:
     keys = settings.keys
     if keys is None:
         return {"api_keys": settings.api_key}
-    return {"api_keys": (*settings.api_key, *keys.keys), "priority_tiers": keys.priority_tiers()}
+    return {
+        "api_keys": (*settings.api_key, *keys.keys),
+        "priority_tiers": keys.priority_tiers(),
+        "min_priorities": keys.min_priorities(),
+    }
 
 
 def _rate_limit(settings: Settings, state: ServerState) -> Entry | None:

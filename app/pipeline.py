@@ -18,6 +18,7 @@ from middleware import AFTER_PARSE
 from middleware.admission.admission import DEGRADED_HEADER, Admission, AdmissionLayer
 from middleware.admission.canned import DegradedReplyLayer
 from middleware.admission.degradation import Degrader, load_score
+from middleware.admission.priority import check_priority, engine_priority
 from middleware.dedup.cache import DedupLayer
 from middleware.errors import service_unavailable
 from middleware.generation import Generation, GenerationLayer, Handler, chain
@@ -46,9 +47,13 @@ async def start_generation(
     its choices as degraded, and the response headers (the degradation level, when one applied)."""
     if state.pipeline is None:  # built with the engine; the routes ask for the engine first
         raise state.not_ready_error()
-    # A keys-file tier is the base priority of everything the key sends.
-    priority += int(request.scope.get("state", {}).get("priority_tier", 0))
-    generation = Generation(request.scope, request.headers, endpoint, prompts, list(choice_params), priority)
+    key_state = request.scope.get("state", {})
+    check_priority(priority, key_state.get("min_priority", 0))
+    tier = key_state.get("priority_tier", 0)
+    params = list(choice_params)
+    generation = Generation(
+        request.scope, request.headers, endpoint, prompts, params, engine_priority(tier, priority), tier
+    )
     source = await state.pipeline(generation)
     return Started(source, generation.choice_params, degraded_headers(generation.level))
 

@@ -157,7 +157,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("degrade_max_tokens", int, "max_tokens clamp from level 2"),
     Option("degrade_max_prompt_tokens", int, "longest prompt accepted from level 2"),
     Option("canned_reply", str, "reply text at level 3 when no cached reply exists"),
-    Option("shed_priority", int, "at level 4, requests with priority >= this are shed (lower runs first)"),
+    Option(
+        "shed_priority",
+        int,
+        "at levels 3-4, keys whose tier (keys file; 0 without one) is >= this get canned replies, then 503s",
+    ),
 )
 
 

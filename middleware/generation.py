@@ -37,7 +37,8 @@ class Generation:
     # One SamplingParams per choice of each prompt: sequence i * len(choice_params) + j is prompt i's
     # j-th choice. As degraded, once admission has run.
     choice_params: list[SamplingParams]
-    priority: int  # lower runs first; the API key's tier included
+    priority: int  # the engine's order, lower first: the key's tier, then the body's priority
+    tier: int = 0  # the key's tier (keys file): what shedding goes by (middleware/admission/priority.py)
     level: int = 0  # the degradation level admission applied (0 normal, 4 shedding)
     # Called when the request reaches the engine: it is no longer held between the layers (admission
     # counts held requests as queued). Idempotent; admission sets it.

@@ -4,10 +4,13 @@ A YAML or JSON mapping from key to settings (or to nothing):
 
     sk-team-a: {rpm: 600, tpm: 200000, tier: 0}
     sk-batch:  {tpm: 50000, tier: 2}
+    sk-ops:    {tier: 0, min_priority: -10}
     sk-plain:                         # a valid key with the server-wide limits
 
 `rpm` and `tpm` override `--rate-limit-rpm` / `--rate-limit-tpm` for that key (0 = unlimited);
-`tier` is a priority tier for load shedding (lower = more important). Every key in the file is a
+`tier` is a priority tier for load shedding (lower = more important; 0 without one);
+`min_priority` (0 or negative, default 0) is the lowest body `priority` the key may send, to run
+ahead of its tier's ordinary requests (middleware/admission/priority.py). Every key in the file is a
 valid API key. The file is checked once at start-up; any problem is a `KeysFileError` that
 names the file, the key and the field. Must not know `app/`.
 """
@@ -21,7 +24,9 @@ from pathlib import Path
 
 import yaml
 
-FIELDS = ("rpm", "tpm", "tier")
+from middleware.admission.priority import MAX_PRIORITY
+
+FIELDS = ("rpm", "tpm", "tier", "min_priority")
 
 
 class KeysFileError(ValueError):
@@ -34,6 +39,7 @@ class KeyEntry:
     rpm: int | None = None  # None: the server-wide --rate-limit-rpm
     tpm: int | None = None  # None: the server-wide --rate-limit-tpm
     tier: int | None = None  # None: no tier of its own
+    min_priority: int = 0  # the lowest body priority the key may send
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,9 @@ class KeysFile:
 
     def priority_tiers(self) -> dict[str, int]:
         return {entry.key: entry.tier for entry in self.entries if entry.tier is not None}
+
+    def min_priorities(self) -> dict[str, int]:
+        return {entry.key: entry.min_priority for entry in self.entries if entry.min_priority}
 
 
 def load_keys_file(path: str | Path) -> KeysFile:
@@ -89,7 +98,10 @@ def _entry(key: object, value: object, source: str) -> KeyEntry:
     for name in ("rpm", "tpm"):
         if value.get(name) is not None and value[name] < 0:
             raise KeysFileError(f"{label}: {name} must be 0 (unlimited) or positive")
-    return KeyEntry(key, value.get("rpm"), value.get("tpm"), value.get("tier"))
+    min_priority = value.get("min_priority") or 0
+    if not -MAX_PRIORITY <= min_priority <= 0:
+        raise KeysFileError(f"{label}: min_priority must be 0 or negative, down to {-MAX_PRIORITY}")
+    return KeyEntry(key, value.get("rpm"), value.get("tpm"), value.get("tier"), min_priority)
 
 
 def _masked(key: str) -> str:

@@ -27,6 +27,7 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_v
 
 from app.schemas.base import RequestModel
 from app.schemas.tools import MAX_TOOLS, MessageToolCall, NamedToolChoice, ToolChoice, ToolDefinition
+from middleware.admission.priority import MAX_PRIORITY
 from models.sampling_params import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingParams
 
 # Each choice is a full sequence in the batch; a cap keeps one request from filling it.
@@ -141,7 +142,8 @@ class SamplingRequest(RequestModel):
     top_k: int | None = Field(None, ge=-1)
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
-    priority: int = 0  # lower runs first
+    # Lower runs first, within the key's tier; below 0 only for keys allowed it (middleware/admission/priority.py).
+    priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     # Chat's structured outputs; legacy completions take it too, as vLLM does.
     response_format: ResponseFormat | None = None
 

@@ -3,7 +3,7 @@
 Runs after a request is parsed and tokenized, before it reaches the engine, so every refusal
 is a fast 503 with Retry-After before any stream opens:
 - the waiting queue is bounded in requests and in prompt tokens;
-- level 4 sheds requests whose priority is at or below the shedding cut (lowest first);
+- level 4 sheds requests whose key's tier is at or past the shedding cut (the least important);
 - level 2 and up rejects prompts over a limit and clamps max_tokens; level 1 and up drops
   logprobs. Level 3 (cached or canned replies) is its own layer (middleware/admission/canned.py):
   it needs the dedup cache.
@@ -41,7 +41,7 @@ class AdmissionConfig:
     degraded_max_tokens: int = 256  # level >= 2
     degraded_max_prompt_tokens: int = 2048  # level >= 2
     canned_reply: str = DEFAULT_CANNED_REPLY
-    # Level 4 sheds requests whose priority is >= this (priority: lower runs first).
+    # Level 4 sheds requests of tiers >= this (tier: lower = more important; 0 without one).
     shed_priority: int = 0
 
     def __post_init__(self) -> None:
@@ -82,7 +82,7 @@ class Admission:
 
         return release
 
-    def admit(self, num_prompt_tokens: int, priority: int) -> int:
+    def admit(self, num_prompt_tokens: int, tier: int) -> int:
         """The degradation level for this request, or a 503 raised before anything runs."""
         config = self.config
         self.check_queue()
@@ -91,7 +91,7 @@ class Admission:
             self.num_queue_full += 1
             raise self._busy("The server is at capacity: too many prompt tokens are already waiting.")
         level = self.degrader.level()
-        if level >= 4 and priority >= config.shed_priority:
+        if level >= 4 and tier >= config.shed_priority:
             self.num_shed += 1
             raise self._busy("The server is overloaded and is shedding low-priority requests.")
         if level >= 2 and num_prompt_tokens > config.degraded_max_prompt_tokens:
@@ -139,7 +139,7 @@ class AdmissionLayer:
 
     async def __call__(self, generation: Generation, call_next: Handler) -> OutputSource:
         admission = self.admission
-        generation.level = admission.admit(generation.num_prompt_tokens, generation.priority)
+        generation.level = admission.admit(generation.num_prompt_tokens, generation.tier)
         generation.choice_params = admission.degrade(generation.choice_params, generation.level)
         generation.release_hold = release = admission.hold()
         try:

@@ -22,7 +22,7 @@ from models.sequence import FinishReason
 
 
 class DegradedReplyLayer:
-    """Level 3, for requests at or above the shedding priority: a cached reply or the canned one."""
+    """Level 3, for requests of tiers at or past the shedding cut: a cached reply or the canned one."""
 
     def __init__(
         self,
@@ -43,7 +43,7 @@ class DegradedReplyLayer:
         self.token_ids = list(token_ids)  # the canned text, tokenized once
 
     async def __call__(self, generation: Generation, call_next: Handler) -> OutputSource:
-        if generation.level < 3 or generation.priority < self.shed_priority:
+        if generation.level < 3 or generation.tier < self.shed_priority:
             return await call_next(generation)
         key = self.dedup.key_of(generation, model=self.model)
         cached = self.dedup.lookup(key) if key else None

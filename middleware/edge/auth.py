@@ -9,8 +9,9 @@ Rules, in order:
 - open paths (health, readiness, metrics) and CORS preflights pass unauthenticated;
 - anything else needs a configured key, else 401 with OpenAI's error body.
 
-An authenticated request carries its key in `scope["state"]["api_key"]`, and its priority tier
-(from `--keys-file`, lower = more important) in `scope["state"]["priority_tier"]` when it has one.
+An authenticated request carries its key in `scope["state"]["api_key"]`, its priority tier
+(from `--keys-file`, lower = more important) in `scope["state"]["priority_tier"]` when it has one,
+and the lowest body priority it may send in `scope["state"]["min_priority"]` when that is below 0.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ApiKeyMiddleware:
         api_keys: Sequence[str],
         open_paths: Collection[str] = DEFAULT_OPEN_PATHS,
         priority_tiers: Mapping[str, int] | None = None,
+        min_priorities: Mapping[str, int] | None = None,
     ) -> None:
         for key in api_keys:
             if not isinstance(key, str) or not key.strip():
@@ -49,8 +51,9 @@ class ApiKeyMiddleware:
         self._keys = tuple(dict.fromkeys(key.encode() for key in api_keys))
         self._open_paths = frozenset(open_paths)
         self._tiers = {key.encode(): tier for key, tier in (priority_tiers or {}).items()}
-        if not set(self._tiers) <= set(self._keys):
-            raise ValueError("every key with a priority tier must be an accepted API key")
+        self._min_priorities = {key.encode(): floor for key, floor in (min_priorities or {}).items()}
+        if not set(self._tiers) | set(self._min_priorities) <= set(self._keys):
+            raise ValueError("every key with a priority tier or min_priority must be an accepted API key")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self._keys or self._is_exempt(scope):
@@ -69,6 +72,8 @@ class ApiKeyMiddleware:
         state["api_key"] = matched.decode()
         if (tier := self._tiers.get(matched)) is not None:
             state["priority_tier"] = tier
+        if (floor := self._min_priorities.get(matched)) is not None:
+            state["min_priority"] = floor
         await self.app(scope, receive, send)
 
     def _is_exempt(self, scope: Scope) -> bool:

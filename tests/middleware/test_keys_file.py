@@ -21,6 +21,7 @@ sk-batch:
   tpm: 50000
   tier: 2
 sk-plain:
+sk-ops: {min_priority: -10}
 """
 
 
@@ -36,9 +37,11 @@ def test_yaml_keys_with_optional_limits_and_tiers(tmp_path: Path) -> None:
         KeyEntry("sk-team-a", rpm=600, tpm=200000, tier=0),
         KeyEntry("sk-batch", tpm=50000, tier=2),
         KeyEntry("sk-plain"),
+        KeyEntry("sk-ops", min_priority=-10),
     )
-    assert keys.keys == ("sk-team-a", "sk-batch", "sk-plain")
+    assert keys.keys == ("sk-team-a", "sk-batch", "sk-plain", "sk-ops")
     assert keys.priority_tiers() == {"sk-team-a": 0, "sk-batch": 2}
+    assert keys.min_priorities() == {"sk-ops": -10}
 
 
 def test_json_keys(tmp_path: Path) -> None:
@@ -52,6 +55,7 @@ def test_per_key_limits_fall_back_to_the_server_wide_ones(tmp_path: Path) -> Non
         "sk-team-a": Limits(600, 200000),
         "sk-batch": Limits(60, 50000),
         "sk-plain": Limits(60, 1000),
+        "sk-ops": Limits(60, 1000),
     }
 
 
@@ -64,11 +68,13 @@ def test_per_key_limits_fall_back_to_the_server_wide_ones(tmp_path: Path) -> Non
         ("", "keys.yaml", "expected a non-empty mapping"),
         ("12345: {rpm: 1}", "keys.yaml", "is not a string (quote it)"),
         ('"sk a": {rpm: 1}', "keys.yaml", "empty or contains whitespace"),
-        ("sk-a: 5", "keys.yaml", "expected a mapping with rpm, tpm, tier"),
+        ("sk-a: 5", "keys.yaml", "expected a mapping with rpm, tpm, tier, min_priority"),
         ("sk-a: {rpm: 1, burst: 5}", "keys.yaml", "unknown field(s) burst"),
         ("sk-a: {rpm: -1}", "keys.yaml", "rpm must be 0 (unlimited) or positive"),
         ("sk-a: {tpm: 1.5}", "keys.yaml", "tpm must be an integer"),
         ("sk-a: {tier: yes}", "keys.yaml", "tier must be an integer"),
+        ("sk-a: {min_priority: 3}", "keys.yaml", "min_priority must be 0 or negative"),
+        ("sk-a: {min_priority: -2000000}", "keys.yaml", "min_priority must be 0 or negative"),
     ],
 )
 def test_invalid_files_fail_at_startup_naming_the_problem(tmp_path: Path, text: str, name: str, message: str) -> None:
@@ -94,7 +100,7 @@ def test_settings_load_the_file_and_the_cli_reports_a_bad_one(
 ) -> None:
     good = write(tmp_path, YAML)
     settings = Settings(keys_file=str(good))
-    assert settings.keys is not None and settings.keys.keys == ("sk-team-a", "sk-batch", "sk-plain")
+    assert settings.keys is not None and settings.keys.keys == ("sk-team-a", "sk-batch", "sk-plain", "sk-ops")
     bad = write(tmp_path, "sk-a: {rpm: many}", "bad.yaml")
     with pytest.raises(SystemExit) as exited:
         main(["serve", "--keys-file", str(bad)])

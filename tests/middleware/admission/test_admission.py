@@ -18,8 +18,19 @@ USER = [{"role": "user", "content": "Tell me about the sea."}]
 LONG = {"model": MODEL_NAME, "messages": USER, "max_tokens": 2000, "ignore_eos": True, "stream": True}
 
 
-def chat(live: LiveServer, **body: object) -> httpx.Response:
-    return httpx.post(f"{live.url}/v1/chat/completions", json={"model": MODEL_NAME, "messages": USER, **body})
+# The degradable server's keys: a VIP tier above the shedding cut, a key allowed to run ahead
+# within its tier, and a plain one (tier 0: shed at level 4).
+VIP, OPS, PLAIN = "sk-vip-tier", "sk-ops-ahead", "sk-plain-key"
+KEYS = {VIP: {"tier": -1}, OPS: {"min_priority": -5}, PLAIN: None}
+
+
+def chat(live: LiveServer, key: str | None = None, **body: object) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    if key is None and live.state.settings.keys is not None:
+        headers = {"authorization": f"Bearer {PLAIN}"}
+    return httpx.post(
+        f"{live.url}/v1/chat/completions", json={"model": MODEL_NAME, "messages": USER, **body}, headers=headers
+    )
 
 
 def test_full_queue_gets_a_fast_503_before_any_stream(tiny_model_dir: Path) -> None:
@@ -65,9 +76,13 @@ def test_request_past_its_queue_deadline_gets_503_unrun(tiny_model_dir: Path) ->
 
 
 @pytest.fixture(scope="module")
-def degradable(tiny_model_dir: Path) -> Iterator[tuple[LiveServer, list[float]]]:
+def degradable(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LiveServer, list[float]]]:
+    keys_file = tmp_path_factory.mktemp("keys") / "keys.json"
+    keys_file.write_text(json.dumps(KEYS))
     settings = {"max_model_len": 512, "max_num_seqs": 4, "degrade_max_tokens": 5, "degrade_max_prompt_tokens": 40}
-    with running_server(tiny_model_dir, **settings) as live:  # type: ignore[arg-type]
+    with running_server(tiny_model_dir, keys_file=str(keys_file), **settings) as live:  # type: ignore[arg-type]
         # The load signal is synthetic; everything downstream of it is the real server.
         score = [0.0]
         assert live.state.admission is not None
@@ -116,13 +131,16 @@ def test_level_3_serves_the_canned_reply_in_openai_shape(degradable: tuple[LiveS
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["content"] == canned
     assert body["choices"][0]["finish_reason"] == "stop"
-    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key=PLAIN, max_retries=0)
     stream = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=20, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == canned
     assert live.engine.core.num_steps == steps  # the model was not used
-    # A request above the shedding class still gets a real generation.
-    vip = chat(live, max_tokens=3, priority=-1)
+    # A key of a tier above the shedding cut still gets a real generation; a key allowed to run
+    # ahead within tier 0 does not escape it.
+    vip = chat(live, VIP, max_tokens=3)
     assert vip.json()["choices"][0]["message"]["content"] != canned
+    ahead = chat(live, OPS, max_tokens=3, priority=-5)
+    assert ahead.json()["choices"][0]["message"]["content"] == canned
 
 
 def test_level_3_never_hands_the_canned_text_to_a_format_request(degradable: tuple[LiveServer, list[float]]) -> None:
@@ -158,15 +176,48 @@ def test_level_4_sheds_low_priority_first(degradable: tuple[LiveServer, list[flo
     shed = chat(live, max_tokens=3)
     assert shed.status_code == 503 and int(shed.headers["retry-after"]) >= 1
     assert json.loads(shed.content)["error"]["message"]
-    vip = chat(live, max_tokens=3, priority=-1)
+    vip = chat(live, VIP, max_tokens=3)
     assert vip.status_code == 200
     assert vip.headers["x-surge-degraded"] == "4"
+    assert chat(live, OPS, max_tokens=3, priority=-5).status_code == 503  # its tier is shed
     score[0] = 0.0
+
+
+@pytest.mark.parametrize("priority", [-1, -(10**6), -(10**30)])
+def test_a_negative_priority_cannot_escape_shedding(degradable: tuple[LiveServer, list[float]], priority: int) -> None:
+    """The attack: `"priority": -1` (or far below) used to outrank every tier and escape levels 3-4."""
+    live, score = degradable
+    score[0] = 8.0
+    try:
+        refused = chat(live, max_tokens=3, priority=priority)
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["param"] == "priority" and error["type"] == "invalid_request_error"
+        # A key allowed to go below 0 is still bounded by its own floor.
+        assert chat(live, OPS, max_tokens=3, priority=-6).status_code == 400
+        stream = httpx.post(
+            f"{live.url}/v1/chat/completions",
+            json={"model": MODEL_NAME, "messages": USER, "max_tokens": 3, "stream": True, "priority": priority},
+            headers={"authorization": f"Bearer {PLAIN}"},
+        )
+        assert stream.status_code == 400 and stream.headers["content-type"].startswith("application/json")
+    finally:
+        score[0] = 0.0
+
+
+def test_a_positive_priority_only_lowers_its_own_place(degradable: tuple[LiveServer, list[float]]) -> None:
+    live, score = degradable
+    score[0] = 8.0
+    try:
+        assert chat(live, VIP, max_tokens=3, priority=1000).status_code == 200  # still the VIP tier
+        assert chat(live, max_tokens=3, priority=10**6 + 1).status_code == 400  # bounded
+    finally:
+        score[0] = 0.0
 
 
 def test_canned_replies_are_not_stored_for_an_idempotency_key(degradable: tuple[LiveServer, list[float]]) -> None:
     live, score = degradable
-    headers = {"Idempotency-Key": "canned-then-real"}
+    headers = {"Idempotency-Key": "canned-then-real", "authorization": f"Bearer {PLAIN}"}
     body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 3}
     score[0] = 4.0
     assert live.state.admission is not None  # a fresh degrader: no hysteresis from earlier tests

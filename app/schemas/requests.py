@@ -26,12 +26,24 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from app.schemas.base import RequestModel
-from app.schemas.tools import MAX_TOOLS, MessageToolCall, NamedToolChoice, ToolChoice, ToolDefinition
+from app.schemas.limits import (
+    MAX_CHOICES,
+    MAX_CONTENT_PARTS,
+    MAX_INT,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_MESSAGE_TOOL_CALLS,
+    MAX_MESSAGES,
+    MAX_PROMPTS,
+    MAX_SEQUENCES,
+    MAX_STOP_LENGTH,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TEMPLATE_KWARGS,
+    MAX_TOOLS,
+)
+from app.schemas.tools import MessageToolCall, NamedToolChoice, ToolChoice, ToolDefinition
 from middleware.admission.priority import MAX_PRIORITY
 from models.sampling_params import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingParams
 
-# Each choice is a full sequence in the batch; a cap keeps one request from filling it.
-MAX_CHOICES = 16
 MAX_LOGIT_BIAS = 100.0
 # Longer logit_bias keys are no token id of any vocabulary (and past 4300 digits int() refuses them).
 MAX_TOKEN_ID_DIGITS = 20
@@ -41,7 +53,8 @@ MAX_SEED = 2**64 - 1
 # Legacy completions default, as in OpenAI's API reference and vLLM.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_INT)]
+StopString = Annotated[str, Field(max_length=MAX_STOP_LENGTH)]
 
 
 class StreamOptions(RequestModel):
@@ -58,9 +71,10 @@ ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 
 class ChatMessage(RequestModel):
     role: ChatRole
-    content: str | list[TextContentPart] | None = None
+    content: str | Annotated[list[TextContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
-    tool_calls: list[MessageToolCall] | None = None  # an assistant turn's calls
+    # An assistant turn's calls.
+    tool_calls: Annotated[list[MessageToolCall], Field(max_length=MAX_MESSAGE_TOOL_CALLS)] | None = None
     tool_call_id: str | None = None  # a tool result: the call it answers
 
     @model_validator(mode="after")
@@ -132,16 +146,16 @@ class SamplingRequest(RequestModel):
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS_ENTRIES)
     seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     user: str | None = None
     # Extensions vLLM accepts.
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=MAX_INT)
     ignore_eos: bool = False
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     # Lower runs first, within the key's tier; below 0 only for keys allowed it (middleware/admission/priority.py).
     priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     # Chat's structured outputs; legacy completions take it too, as vLLM does.
@@ -193,14 +207,14 @@ class SamplingRequest(RequestModel):
 
 
 class ChatCompletionRequest(SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     tools: Annotated[list[ToolDefinition], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     # Extra variables for the chat template (vLLM's), e.g. {"enable_thinking": false}.
-    chat_template_kwargs: dict[str, Any] | None = None
-    max_tokens: int | None = Field(None, ge=1, description="Deprecated by OpenAI for max_completion_tokens")
-    max_completion_tokens: int | None = Field(None, ge=1)
+    chat_template_kwargs: dict[str, Any] | None = Field(None, max_length=MAX_TEMPLATE_KWARGS)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_INT, description="Deprecated by OpenAI for max_completion_tokens")
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INT)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
@@ -269,7 +283,7 @@ def _is_token_ids(value: Any) -> bool:
 
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
-    max_tokens: int | None = Field(DEFAULT_COMPLETION_MAX_TOKENS, ge=1)
+    max_tokens: int | None = Field(DEFAULT_COMPLETION_MAX_TOKENS, ge=1, le=MAX_INT)
     # Legacy completions ask for the top N alternatives; OpenAI caps N at 5, vLLM at 20.
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
@@ -283,11 +297,22 @@ class CompletionRequest(SamplingRequest):
             return value
         if not isinstance(value, list) or not value:
             raise ValueError(_PROMPT_SHAPE)
+        if len(value) > MAX_PROMPTS and not isinstance(value[0], int):
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request, got {len(value)}")
         if all(isinstance(item, str) for item in value) or all(_is_token_ids(item) for item in value):
             return value
         if _is_token_ids(value):
             return value
         raise ValueError(_PROMPT_SHAPE)
+
+    @model_validator(mode="after")
+    def _bounded_sequences(self) -> CompletionRequest:
+        num_sequences = len(self.prompt_inputs()) * self.n
+        if num_sequences > MAX_SEQUENCES:
+            raise ValueError(
+                f"prompts x n is {num_sequences}; at most {MAX_SEQUENCES} sequences per request (send more requests)"
+            )
+        return self
 
     @field_validator("echo")
     @classmethod

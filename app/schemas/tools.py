@@ -15,8 +15,6 @@ from pydantic import Field
 from app.schemas.base import RequestModel
 
 TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
-# OpenAI's limit on tools per request.
-MAX_TOOLS = 128
 
 
 class FunctionDefinition(RequestModel):

@@ -69,8 +69,22 @@ class Bad:
         return text.encode()
 
 
-def too_many_messages() -> list[dict[str, str]]:
-    return [{"role": "user", "content": f"message {i}"} for i in range(10_000)]
+def messages(count: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"message {i}"} for i in range(count)]
+
+
+def calls(count: int) -> list[dict[str, Any]]:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    return [{"role": "assistant", "content": None, "tool_calls": [call] * count}, *USER]
+
+
+def biases(count: int) -> dict[str, int]:
+    return {str(token_id): 1 for token_id in range(count)}
+
+
+# The validation bomb: ~8 MB of bad items, each of which pydantic used to report (millions of
+# errors, seconds of event loop, gigabytes); now it stops at the cap.
+BOMB = ["x"] * 1_600_000
 
 
 def chunked(data: bytes, size: int = 1 << 20) -> Callable[[], Iterator[bytes]]:
@@ -104,7 +118,9 @@ CATALOGUE = [
     Bad("prompt-not-text-or-ids", 400, "prompt must be", "prompt", {"prompt": {"text": "Hi"}},
         endpoints=COMPLETIONS_ONLY),
     Bad("prompt-negative-token-id", 400, "prompt must be", "prompt", {"prompt": [1, -2]}, endpoints=COMPLETIONS_ONLY),
-    Bad("prompt-token-id-out-of-vocabulary", 400, "outside the vocabulary", "prompt", {"prompt": [10**12]},
+    Bad("prompt-token-id-out-of-vocabulary", 400, "outside the vocabulary", "prompt", {"prompt": [10**9]},
+        endpoints=COMPLETIONS_ONLY),
+    Bad("prompt-token-id-past-int32", 400, "less than or equal to 2147483647", "prompt.0", {"prompt": [10**12]},
         endpoints=COMPLETIONS_ONLY),
     Bad("empty-prompt", 400, "The prompt is empty", "prompt", {"prompt": ""}, endpoints=COMPLETIONS_ONLY),
     Bad("empty-prompt-in-a-list", 400, "Prompt 1 is empty", "prompt", {"prompt": ["Hi", ""]},
@@ -127,8 +143,29 @@ CATALOGUE = [
     Bad("unknown-content-part", 400, "'text'", "messages.0.content.0.type",
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
         endpoints=CHAT_ONLY),
-    Bad("ten-thousand-messages", 400, CONTEXT, "messages", {"messages": too_many_messages()},
+    Bad("four-thousand-messages", 400, CONTEXT, "messages", {"messages": messages(4000)},
         code="context_length_exceeded", endpoints=CHAT_ONLY),
+    # Caps on every list and map (app/schemas/limits.py).
+    Bad("ten-thousand-messages", 400, "at most 4096 items", "messages", {"messages": messages(10_000)},
+        endpoints=CHAT_ONLY),
+    Bad("257-content-parts", 400, "at most 256 items", "messages.0.content",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 257}]}, endpoints=CHAT_ONLY),
+    Bad("129-calls-in-one-turn", 400, "at most 128 items", "messages.0.tool_calls", {"messages": calls(129)},
+        endpoints=CHAT_ONLY),
+    Bad("65-chat-template-kwargs", 400, "at most 64 items", "chat_template_kwargs",
+        {"chat_template_kwargs": {f"k{i}": 1 for i in range(65)}}, endpoints=CHAT_ONLY),
+    Bad("stop-token-ids-bomb", 400, "at most 128 items", "stop_token_ids", {"stop_token_ids": BOMB}),
+    Bad("129-stop-token-ids", 400, "at most 128 items", "stop_token_ids", {"stop_token_ids": list(range(129))}),
+    Bad("logit-bias-bomb", 400, "at most 300 items", "logit_bias", {"logit_bias": biases(400_000)}),
+    Bad("301-logit-bias-entries", 400, "at most 300 items", "logit_bias", {"logit_bias": biases(301)}),
+    Bad("a-513-character-stop", 400, "at most 512 characters", "stop", {"stop": "s" * 513}),
+    Bad("a-513-character-stop-in-a-list", 400, "at most 512 characters", "stop.0", {"stop": ["s" * 513]}),
+    Bad("129-prompts", 400, "at most 128 prompts per request", "prompt", {"prompt": ["Hi"] * 129},
+        endpoints=COMPLETIONS_ONLY),
+    Bad("prompts-bomb", 400, "at most 128 prompts per request", "prompt", {"prompt": BOMB},
+        endpoints=COMPLETIONS_ONLY),
+    Bad("prompts-times-n", 400, "at most 256 sequences per request", None, {"prompt": ["Hi"] * 20, "n": 16},
+        endpoints=COMPLETIONS_ONLY),
     # NaN and infinities, as Python's json writes them.
     Bad("temperature-nan", 400, "finite number", "temperature", raw='"temperature": NaN'),
     Bad("temperature-infinity", 400, "finite number", "temperature", raw='"temperature": Infinity'),
@@ -139,10 +176,14 @@ CATALOGUE = [
     # Out of range.
     Bad("max-tokens-negative", 400, "greater than or equal to 1", "max_tokens", {"max_tokens": -1}),
     Bad("max-tokens-zero", 400, "greater than or equal to 1", "max_tokens", {"max_tokens": 0}),
-    Bad("max-tokens-huge", 400, CONTEXT, "messages", {"max_tokens": 10**30}, code="context_length_exceeded",
+    Bad("max-tokens-huge", 400, CONTEXT, "messages", {"max_tokens": 10**9}, code="context_length_exceeded",
         endpoints=CHAT_ONLY),
-    Bad("max-tokens-huge", 400, CONTEXT, "prompt", {"max_tokens": 10**30}, code="context_length_exceeded",
+    Bad("max-tokens-huge", 400, CONTEXT, "prompt", {"max_tokens": 10**9}, code="context_length_exceeded",
         endpoints=COMPLETIONS_ONLY),
+    # The attack: 4,300 digits parse as JSON, and used to be a 500 (int-to-str limit in the 400's text).
+    Bad("max-tokens-4300-digits", 400, "less than or equal to 2147483647", "max_tokens", drop=("max_tokens",),
+        raw='"max_tokens": ' + "9" * 4300),
+    Bad("max-tokens-past-int32", 400, "less than or equal to 2147483647", "max_tokens", {"max_tokens": 10**30}),
     Bad("max-completion-tokens-huge", 400, CONTEXT, "messages", {"max_completion_tokens": 10**6},
         code="context_length_exceeded", endpoints=CHAT_ONLY),
     Bad("max-tokens-past-json-range", 400, JSON_ERROR, None, drop=("max_tokens",), raw='"max_tokens": ' + "9" * 5000),

@@ -104,6 +104,17 @@ def create_app(
     return app
 
 
+def warn_if_open(settings: Settings) -> None:
+    """A WARNING when anyone who can reach the address may use the server (auth off, not loopback)."""
+    is_loopback = settings.host in ("localhost", "::1") or settings.host.startswith("127.")
+    if not is_loopback and not settings.api_key and settings.keys is None:
+        log.warning(
+            "auth is off (no --api-key or --keys-file) and surge listens on %s: anyone who can reach it "
+            "can use it, as one tenant",
+            settings.host,
+        )
+
+
 def serve(settings: Settings, spawned: SpawnedEngine | None = None) -> None:
     server: uvicorn.Server | None = None
 
@@ -116,6 +127,7 @@ def serve(settings: Settings, spawned: SpawnedEngine | None = None) -> None:
 
     app = create_app(settings, on_fatal=fatal, spawned=spawned)
     state: ServerState = app.state.surge
+    warn_if_open(settings)
     # log_config=None: uvicorn's loggers go through the root handler of app/logs.py (text or
     # JSON, with the request id) instead of uvicorn's own.
     config = uvicorn.Config(

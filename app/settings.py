@@ -145,7 +145,11 @@ OPTIONS: tuple[Option, ...] = (
         "dedup_scope", str, "who shares dedup results: key (requests of one API key) or global", choices=DEDUP_SCOPES
     ),
     # --- admission control and degradation ---------------------------------------------------
-    Option("max_queued_requests", int, "waiting requests beyond which new ones get a fast 503; 0 = no bound"),
+    Option(
+        "max_queued_requests",
+        int,
+        "waiting sequences (one per choice of each prompt) past which new requests get a fast 503; 0 = no bound",
+    ),
     Option("max_queued_tokens", int, "waiting prompt tokens beyond which new requests get a 503; 0 = no bound"),
     Option("max_queue_seconds", float, "a request still queued after this is dropped unrun (503); 0 = no limit"),
     Option("degrade_thresholds", str, "load scores entering degradation levels 1-4; `off` disables"),
@@ -335,8 +339,13 @@ def settings_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) 
         value = getattr(ns, option.name)
         if option.multiple:
             if value is None:
-                raw = environ.get(option.env, "")
-                value = [v.strip() for v in raw.split(",") if v.strip()]
+                raw = environ.get(option.env)
+                value = [v.strip() for v in (raw or "").split(",") if v.strip()]
+                if option.name == "api_key" and raw is not None and not value:
+                    # NOTE: a Secret that rendered empty must not silently turn auth off.
+                    raise ValueError(f"{option.env} is set but holds no key; unset it to run without auth")
+            elif option.name == "api_key" and not all(v.strip() for v in value):
+                raise ValueError(f"{option.flag} needs a key, not an empty string")
             value = tuple(value)
         values[option.name] = value
     return Settings(**values)

@@ -69,23 +69,23 @@ class Admission:
         self.num_queue_full = 0
         self.num_held = 0  # past admission, not yet submitted to the engine
 
-    def hold(self) -> Callable[[], None]:
-        """Count one request as held until the returned function is called (once or more)."""
-        self.num_held += 1
+    def hold(self, num_sequences: int = 1) -> Callable[[], None]:
+        """Count a request's sequences as held until the returned function is called (once or more)."""
+        self.num_held += num_sequences
         is_held = True
 
         def release() -> None:
             nonlocal is_held
             if is_held:
                 is_held = False
-                self.num_held -= 1
+                self.num_held -= num_sequences
 
         return release
 
-    def admit(self, num_prompt_tokens: int, tier: int) -> int:
+    def admit(self, num_prompt_tokens: int, tier: int, num_sequences: int = 1) -> int:
         """The degradation level for this request, or a 503 raised before anything runs."""
         config = self.config
-        self.check_queue()
+        self.check_queue(num_sequences)
         _, num_waiting_tokens = self._queue()
         if config.max_queued_tokens and num_waiting_tokens + num_prompt_tokens > config.max_queued_tokens:
             self.num_queue_full += 1
@@ -114,12 +114,16 @@ class Admission:
             out.append(params)
         return out
 
-    def check_queue(self) -> None:
-        """The bound on waiting requests alone: cheap enough to check before a body is read."""
+    def check_queue(self, num_sequences: int = 1) -> None:
+        """The bound on waiting sequences (each choice of each prompt is one): before a body is
+        read, a request counts one; after parsing, all of its sequences. An empty queue takes any
+        request (at most MAX_SEQUENCES, app/schemas/limits.py), so none waits forever for room."""
         num_waiting = self._queue()[0] + self.num_held
-        if self.config.max_queued_requests and num_waiting >= self.config.max_queued_requests:
+        bound = self.config.max_queued_requests
+        if bound and num_waiting and num_waiting + num_sequences > bound:
             self.num_queue_full += 1
-            raise self._busy(f"The server is at capacity: {num_waiting} requests are already waiting.")
+            adds = "" if num_sequences == 1 else f" and this request adds {num_sequences}"
+            raise self._busy(f"The server is at capacity: {num_waiting} requests are already waiting{adds}.")
 
     def shed(self, message: str) -> OpenAIError:
         """A 503 for a request some later layer sheds (counted with the shed ones); raise it."""
@@ -139,9 +143,10 @@ class AdmissionLayer:
 
     async def __call__(self, generation: Generation, call_next: Handler) -> OutputSource:
         admission = self.admission
-        generation.level = admission.admit(generation.num_prompt_tokens, generation.tier)
+        num_sequences = generation.num_sequences
+        generation.level = admission.admit(generation.num_prompt_tokens, generation.tier, num_sequences)
         generation.choice_params = admission.degrade(generation.choice_params, generation.level)
-        generation.release_hold = release = admission.hold()
+        generation.release_hold = release = admission.hold(num_sequences)
         try:
             return await call_next(generation)
         finally:

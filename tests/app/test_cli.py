@@ -85,3 +85,49 @@ def test_surge_loadtest_says_where_the_load_tester_went() -> None:
         check=False,
     )
     assert proc.returncode == 2 and "python -m scripts.loadtest" in proc.stderr
+
+
+def test_an_empty_api_key_variable_stops_the_server_instead_of_turning_auth_off(tmp_path: Path) -> None:
+    """The attack surface: a Secret that rendered empty (SURGE_API_KEY="") used to start a server
+    with auth silently off."""
+    for value in ("", " , "):
+        env = {**os.environ, "SURGE_PORT": str(free_port()), "SURGE_API_KEY": value}
+        proc = subprocess.run(
+            [sys.executable, "-m", "app.cli", "serve", "--model", "echo"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "SURGE_API_KEY is set but holds no key" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve", "--model", "echo", "--api-key", ""],
+        env={**os.environ, "SURGE_PORT": str(free_port())},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2 and "--api-key needs a key" in proc.stderr
+
+
+def test_auth_off_on_a_public_address_is_a_warning_at_start(tmp_path: Path) -> None:
+    for host, warned in (("0.0.0.0", True), ("127.0.0.1", False)):
+        port = free_port()
+        env = {key: value for key, value in os.environ.items() if not key.startswith("SURGE_")}
+        argv = [sys.executable, "-m", "app.cli", "serve", "--model", "echo", "--host", host, "--port", str(port)]
+        server = ServerProcess("surge", argv, tmp_path / f"surge-{port}.log", env=env, port=port)
+        server.start()
+        try:
+            log = (tmp_path / f"surge-{port}.log").read_text()
+            assert ("auth is off" in log) == warned, log[-2000:]
+        finally:
+            server.stop()
+    with_key = subprocess.run(
+        [sys.executable, "-c", "from app.server import warn_if_open; from app.settings import Settings; "
+         "warn_if_open(Settings(host='0.0.0.0', api_key=('sk-x',)))"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert with_key.returncode == 0 and "auth is off" not in with_key.stderr

@@ -88,3 +88,26 @@ def test_full_queue_refuses_before_the_body_is_read(tiny_model_dir: Path) -> Non
         assert int(refused.headers["retry-after"]) >= 1
         assert refused.json()["error"]["code"] == "service_unavailable"
         assert httpx.post(url, content=b"{not json").status_code == 400  # with room, it is parsed
+
+
+def test_a_fan_out_request_counts_every_sequence_against_the_bound(tiny_model_dir: Path) -> None:
+    """The attack: one /v1/completions request of many prompts x n used to count as one request,
+    so it put any number of sequences in the queue past --max-queued-requests."""
+    with running_server(tiny_model_dir, max_model_len=2048, max_num_seqs=1, max_queued_requests=4) as live:
+        url = f"{live.url}/v1/completions"
+        assert live.state.admission is not None
+        release = live.state.admission.hold()  # one sequence already waiting
+        try:
+            fan_out = {"model": MODEL_NAME, "prompt": ["a", "b"], "n": 2, "max_tokens": 1}  # four sequences
+            refused = httpx.post(url, json=fan_out)
+            assert refused.status_code == 503, refused.text
+            assert "1 requests are already waiting and this request adds 4" in refused.json()["error"]["message"]
+            three = httpx.post(url, json={**fan_out, "prompt": ["a"], "n": 3})  # 1 + 3 fit the bound
+            assert three.status_code == 200, three.text
+            assert len(three.json()["choices"]) == 3
+        finally:
+            release()
+        # An empty queue takes the whole request, whatever the bound: it never waits for room forever.
+        assert live.engine.core.num_waiting == 0
+        assert len(httpx.post(url, json={**fan_out, "n": 4}).json()["choices"]) == 8
+        live.wait_idle()

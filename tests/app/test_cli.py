@@ -76,40 +76,27 @@ def test_the_engine_child_can_start_before_torch_is_imported() -> None:
     assert proc.stdout.strip() == "[]"
 
 
+def surge(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The `surge` command run to its end (one that exits at start)."""
+    argv = [sys.executable, "-m", "app.cli", *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
 def test_surge_loadtest_says_where_the_load_tester_went() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "loadtest", "--concurrency", "2"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = surge("loadtest", "--concurrency", "2")
     assert proc.returncode == 2 and "python -m scripts.loadtest" in proc.stderr
 
 
-def test_an_empty_api_key_variable_stops_the_server_instead_of_turning_auth_off(tmp_path: Path) -> None:
+def test_an_empty_api_key_variable_stops_the_server_instead_of_turning_auth_off() -> None:
     """The attack surface: a Secret that rendered empty (SURGE_API_KEY="") used to start a server
     with auth silently off."""
     for value in ("", " , "):
-        env = {**os.environ, "SURGE_PORT": str(free_port()), "SURGE_API_KEY": value}
-        proc = subprocess.run(
-            [sys.executable, "-m", "app.cli", "serve", "--model", "echo"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+        proc = surge(
+            "serve", "--model", "echo", env={**os.environ, "SURGE_PORT": str(free_port()), "SURGE_API_KEY": value}
         )
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert "SURGE_API_KEY is set but holds no key" in proc.stderr
-    proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "serve", "--model", "echo", "--api-key", ""],
-        env={**os.environ, "SURGE_PORT": str(free_port())},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = surge("serve", "--model", "echo", "--api-key", "", env={**os.environ, "SURGE_PORT": str(free_port())})
     assert proc.returncode == 2 and "--api-key needs a key" in proc.stderr
 
 

@@ -7,6 +7,7 @@ the canned reply) and puts the submission to the engine innermost.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,8 @@ from middleware.rate_limit.tokens import TokenLayer
 from models.async_engine import AsyncEngine
 from models.outputs import OutputSource
 from models.sampling_params import SamplingParams
+
+log = logging.getLogger("surge.pipeline")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +99,8 @@ def build_pipeline(settings: Settings, state: ServerState, engine: AsyncEngine) 
         try:
             return engine.submit(sequences, priority=generation.priority)
         except RuntimeError as exc:
-            raise service_unavailable(f"The engine is not available: {exc}", RETRY_AFTER_SECONDS) from exc
+            log.warning("submit failed: %r", exc)  # the text is for the log, not the client
+            raise service_unavailable("The engine is not available.", RETRY_AFTER_SECONDS) from exc
 
     if set(layers) != set(AFTER_PARSE):
         raise RuntimeError(f"after-parse layers {sorted(layers)} do not match middleware.AFTER_PARSE {AFTER_PARSE}")

@@ -243,7 +243,7 @@ class AsyncEngine:
         Use the returned group with `async with`: leaving it aborts what has not finished.
         """
         if not self.is_ready:
-            raise EngineDeadError(f"the engine is not running: {self.core.dead!r}")
+            raise EngineDeadError("the engine is not running")
         base = request_id or f"req-{next(self._ids)}"
         ids = [base] if len(sequences) == 1 else [f"{base}-{i}" for i in range(len(sequences))]
         group = RequestGroup(self, ids)

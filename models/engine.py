@@ -28,7 +28,7 @@ from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
 from models.model_runner import ModelRunner, Runner
 from models.observer import NULL_OBSERVER, EngineObserver
-from models.outputs import EngineDeadError, RequestOutput, TokenLogprob
+from models.outputs import ENGINE_STOPPED, MODEL_FAILED, EngineDeadError, RequestOutput, TokenLogprob
 from models.queue_deadline import QueueDeadline
 from models.sampler import Sampler, SamplingRow, make_generator
 from models.sampling_params import SamplingParams
@@ -121,7 +121,7 @@ class EngineCore:
         A grammar is compiled here, on the caller's thread (in the engine process, the thread that
         reads the pipe), so a new schema never holds up the running batch's steps."""
         if self.dead is not None:
-            raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
+            raise EngineDeadError(ENGINE_STOPPED)
         arrived = self.clock() if arrival_time is None else arrival_time
         seq = Sequence(request_id, list(prompt_token_ids), params, priority, arrival_time=arrived)
         generator = make_generator(params.seed, self.runner.device) if params.seed is not None else None
@@ -211,7 +211,7 @@ class EngineCore:
         except BaseException as exc:  # the loop must never die silently
             log.exception("engine loop died")
             self.dead = exc
-            self._fail_all(f"the engine stopped: {exc!r}")
+            self._fail_all(ENGINE_STOPPED)
         finally:
             self._masks.close()
 
@@ -232,9 +232,11 @@ class EngineCore:
             if plan.is_empty:
                 return []
             token_ids, logprobs = self._execute(plan)
-        except Exception as exc:
+        except Exception:
             log.exception("forward pass failed; failing the %d requests of this step", len(plan.sequences))
-            return self._fail(plan.sequences, f"the model failed on this batch: {exc!r}")
+            # NOTE: the exception stays in the log: its text (paths, tensor shapes, device details)
+            # is not for clients, who get this sentence in a 500 or an error event.
+            return self._fail(plan.sequences, MODEL_FAILED)
         reasons = self.scheduler.update_from_output(plan, token_ids)
         self.num_steps += 1
         self.observer.on_step(len(plan.decodes) + len(plan.prefills), plan.num_prompt_tokens, len(token_ids))

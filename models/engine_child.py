@@ -51,7 +51,7 @@ from models.engine_messages import (
 )
 from models.gpu import read_gpu_stats
 from models.loader import load_model, resolve_max_model_len
-from models.outputs import RequestOutput
+from models.outputs import ENGINE_STOPPED, RequestOutput
 from models.sequence import FinishReason
 
 log = logging.getLogger("surge.engine")
@@ -178,7 +178,7 @@ def serve_engine(
     core.run()
     outbox.flush()  # the errors of requests failed on the way out
     if core.dead is not None:
-        outbox.send(Died(f"the engine stopped: {core.dead!r}"))
+        outbox.send(Died(ENGINE_STOPPED))  # the exception is in this process's log
 
 
 def _receive(requests: Connection, core: EngineCore, outbox: _Outbox) -> None:

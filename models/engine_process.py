@@ -55,7 +55,7 @@ from models.gpu import GpuStat
 from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import load_tokenizer
 from models.observer import EngineObserver
-from models.outputs import EngineDeadError, RequestOutput
+from models.outputs import ENGINE_STOPPED, EngineDeadError, RequestOutput
 from models.sampling_params import SamplingParams
 from models.sequence import FinishReason
 from models.tokenizer import Tokenizer
@@ -148,7 +148,7 @@ class EngineProcess:
         arrival_time: float | None = None,
     ) -> None:
         if self.dead is not None:
-            raise EngineDeadError(f"the engine has stopped: {self.dead}")
+            raise EngineDeadError(ENGINE_STOPPED)
         arrived = time.monotonic() if arrival_time is None else arrival_time  # one clock for both processes
         with self._send_lock:
             self._adds.append(NewRequest(request_id, prompt_token_ids, params, priority, arrived))

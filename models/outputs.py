@@ -59,5 +59,10 @@ class OutputSource(Protocol):
     ) -> None: ...
 
 
+# What clients are told of an engine failure; the exception itself is logged where it happened.
+MODEL_FAILED = "the model failed on this batch"
+ENGINE_STOPPED = "the engine stopped"
+
+
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped; no request can be served until the process restarts."""

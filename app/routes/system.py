@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 
 from app.state import RETRY_AFTER_SECONDS, ServerState, get_state
 from app.validation import check_model
+from models.outputs import ENGINE_STOPPED
 
 router = APIRouter()
 
@@ -22,7 +23,8 @@ async def health(state: ServerState = Depends(get_state)) -> Response:
     # restart is the cure, as with vLLM's /health.
     engine = state.engine
     if engine is not None and engine.core.dead is not None:
-        return JSONResponse({"status": "engine dead", "reason": str(engine.core.dead)}, status_code=503)
+        # The cause is in the log; its text is not for whoever can reach /health.
+        return JSONResponse({"status": "engine dead", "reason": ENGINE_STOPPED}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 

@@ -4,6 +4,12 @@
 the JSON at all; OpenAI's API documents JSON bodies only, so the body is always JSON here.
 Parsing with pydantic's own JSON parser also skips a `json.loads` pass.
 
+Except from a browser: a request with an `Origin` header must say `application/json`. A web
+page may POST `text/plain` or a form to any address without asking first (no CORS preflight), so
+with auth off any site a user visits could otherwise run generations on a surge it can reach
+(`localhost`, the office network). A JSON body from a page needs a preflight, which only the
+`--cors-origin` origins pass. Clients that are not browsers send no `Origin`.
+
 Because the body is read by a dependency rather than declared as a body parameter, FastAPI
 does not see it; `documented_body` puts the model's JSON schema into the route's OpenAPI
 operation, so `/openapi.json` (and schemathesis, and client generators) know what to send.
@@ -18,6 +24,8 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from middleware.errors import INVALID_REQUEST, OpenAIError
+
 M = TypeVar("M", bound=BaseModel)
 
 _DEFS_PREFIX = "#/$defs/"
@@ -27,12 +35,24 @@ def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
     """A dependency that validates the raw body as `model`; errors become the usual 400."""
 
     async def parse(request: Request) -> M:
+        if "origin" in request.headers and not _is_json(request.headers.get("content-type", "")):
+            raise OpenAIError(
+                "A browser request must send its body as Content-Type: application/json.",
+                status_code=415,
+                type=INVALID_REQUEST,
+                code="unsupported_media_type",
+            )
         try:
             return model.model_validate_json(await request.body())
         except ValidationError as exc:
             raise RequestValidationError(exc.errors(include_url=False)) from None
 
     return parse
+
+
+def _is_json(content_type: str) -> bool:
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")
 
 
 def documented_body(model: type[BaseModel]) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def load_keys_file(path: str | Path) -> KeysFile:
     try:
         data = json.loads(text) if source.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise KeysFileError(f"keys file {source}: not valid {_format(source)} ({exc})") from None
+        raise KeysFileError(f"keys file {source}: not valid {_format(source)} ({_where(exc)})") from None
     return KeysFile(str(source), parse_keys(data, str(source)))
 
 
@@ -102,6 +102,16 @@ def _entry(key: object, value: object, source: str) -> KeyEntry:
     if not -MAX_PRIORITY <= min_priority <= 0:
         raise KeysFileError(f"{label}: min_priority must be 0 or negative, down to {-MAX_PRIORITY}")
     return KeyEntry(key, value.get("rpm"), value.get("tpm"), value.get("tier"), min_priority)
+
+
+def _where(exc: json.JSONDecodeError | yaml.YAMLError) -> str:
+    """What is wrong and where, never the line itself: PyYAML's message quotes the offending
+    line, which in this file is an API key."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or "invalid YAML"
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def _masked(key: str) -> str:

@@ -299,3 +299,22 @@ def test_json_body_without_a_json_content_type(server: LiveServer) -> None:
     broken = httpx.post(f"{server.url}/v1/chat/completions", content=b"{not json", headers=headers)
     assert broken.status_code == 400
     assert broken.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_web_page_cannot_post_a_generation_without_a_preflight(server: LiveServer) -> None:
+    """The attack: with auth off, any site a user visits could POST text/plain (no CORS preflight)
+    to a surge it can reach, and the body was parsed as JSON anyway."""
+    url = f"{server.url}/v1/chat/completions"
+    body = json.dumps({"model": MODEL_NAME, "messages": USER, "max_tokens": 2})
+    steps = server.engine.core.num_steps
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        refused = httpx.post(
+            url, content=body, headers={"Origin": "https://evil.example", "Content-Type": content_type}
+        )
+        assert refused.status_code == 415 and refused.json()["error"]["code"] == "unsupported_media_type"
+    assert server.engine.core.num_steps == steps  # nothing ran
+    # A page's JSON request (which needs a preflight), and curl -d (no Origin) still work.
+    as_json = {"Origin": "https://app.example", "Content-Type": "application/json; charset=utf-8"}
+    assert httpx.post(url, content=body, headers=as_json).status_code == 200
+    curl = {"Content-Type": "application/x-www-form-urlencoded"}
+    assert httpx.post(url, content=body, headers=curl).status_code == 200

@@ -221,6 +221,12 @@ CATALOGUE = [
     Bad("surrogate-as-raw-bytes", 400, JSON_ERROR, None, is_streamable=False,
         body=b'{"model": "tiny-test", "prompt": "' + SURROGATE_UTF8 + b'", "messages": [{"role": "user", "content": "'
         + SURROGATE_UTF8 + b'"}]}'),
+    # A web page's simple POST (no CORS preflight): a browser request must be JSON.
+    Bad("cross-site-text-plain", 415, "must send its body as Content-Type: application/json", None,
+        headers={"Origin": "https://evil.example", "Content-Type": "text/plain"}, code="unsupported_media_type"),
+    Bad("cross-site-form", 415, "must send its body as Content-Type: application/json", None,
+        headers={"Origin": "https://evil.example", "Content-Type": "application/x-www-form-urlencoded"},
+        code="unsupported_media_type"),
     # The model, the key, the body's size, the Idempotency-Key.
     Bad("unknown-model", 404, "The model `gpt-imaginary` does not exist", "model", {"model": "gpt-imaginary"},
         code="model_not_found"),

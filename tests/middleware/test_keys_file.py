@@ -95,6 +95,27 @@ def test_errors_do_not_print_whole_keys(tmp_path: Path) -> None:
     assert "sk-very-secret-key" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "name", "where"),
+    [
+        ("sk-very-secret-key-123: [1, 2\n", "keys.yaml", "line 2, column 1"),
+        ("sk-very-secret-key-123: {rpm: 1}\n  bad: indent: x\n", "keys.yaml", "line 2, column 3"),
+        ('{"sk-very-secret-key-123": {"rpm": 1}', "keys.json", "line 1, column 38"),
+    ],
+)
+def test_a_file_that_does_not_parse_is_reported_without_its_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, name: str, where: str
+) -> None:
+    """The attack surface: PyYAML's message quotes the offending line, an API key, into the log."""
+    path = write(tmp_path, text, name)
+    with pytest.raises(KeysFileError) as caught:
+        load_keys_file(path)
+    assert "very-secret" not in str(caught.value) and where in str(caught.value)
+    with pytest.raises(SystemExit):
+        main(["serve", "--keys-file", str(path)])
+    assert "very-secret" not in capsys.readouterr().err
+
+
 def test_settings_load_the_file_and_the_cli_reports_a_bad_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -207,6 +207,14 @@ class ServerCollector(Collector):
         for kind in CONSTRAINED_KINDS:
             constrained.add_metric([model, kind], state.constrained_requests[kind])
         yield constrained
+        auth = CounterMetricFamily(
+            "surge_auth_failures",
+            "Requests with a missing or wrong API key: rejected (401) or throttled (429, too many from one address).",
+            labels=["model", "outcome"],
+        )
+        auth.add_metric([model, "rejected"], state.auth_failures.num_rejected)
+        auth.add_metric([model, "throttled"], state.auth_failures.num_throttled)
+        yield auth
         shed = CounterMetricFamily(
             "surge_shed_requests",
             "Requests refused with 503 at admission: queue_full (queue bounds) or load (degradation).",

@@ -28,6 +28,7 @@ from app.shutdown import DrainingServer
 from app.state import ServerState
 from app.tools.formats import format_for
 from middleware.dedup.cache import DedupCache
+from middleware.edge.auth_failures import AuthFailures
 from middleware.redis import RedisBackend
 from models.async_engine import AsyncEngine
 from models.engine_spawn import SpawnedEngine
@@ -44,7 +45,7 @@ def create_app(
     settings: Settings, on_fatal: Callable[[], None] | None = None, spawned: SpawnedEngine | None = None
 ) -> FastAPI:
     """The app; its lifespan starts the engine, or adopts `spawned`, a child started before (app/cli.py)."""
-    state = ServerState(settings)
+    state = ServerState(settings, auth_failures=AuthFailures(settings.auth_failures_per_minute))
     if settings.redis_url:
         state.redis = RedisBackend(settings.redis_url, timeout=settings.redis_timeout_ms / 1000)
     state.dedup = DedupCache(ttl=settings.dedup_ttl_seconds, redis=state.redis, scope=settings.dedup_scope)

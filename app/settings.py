@@ -88,6 +88,9 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("chat_template", str, "a Jinja chat template file used instead of the model's own; empty = the model's"),
     Option("api_key", str, "accepted Bearer key (repeatable); none = no auth", multiple=True),
+    Option(
+        "auth_failures_per_minute", int, "failed authentications per client address and minute before 429s; 0 = off"
+    ),
     Option("cors_origin", str, "allowed CORS origin (repeatable, `*` for any)", multiple=True),
     Option("num_threads", int, "torch CPU threads; 1 avoids contention with the event loop, 0 = torch default"),
     Option(
@@ -194,6 +197,7 @@ class Settings:
     tool_call_parser: str = "auto"
     chat_template: str = ""
     api_key: tuple[str, ...] = ()
+    auth_failures_per_minute: int = 30
     cors_origin: tuple[str, ...] = ()
     num_threads: int = _MODEL.num_threads
     prefill_threads: int = _MODEL.prefill_threads
@@ -256,6 +260,8 @@ class Settings:
             raise ValueError("idempotency TTL and lease must be positive")
         if self.dedup_ttl_seconds < 0:
             raise ValueError("dedup_ttl_seconds must be 0 (off) or positive")
+        if self.auth_failures_per_minute < 0:
+            raise ValueError("auth_failures_per_minute must be 0 (off) or positive")
         if self.dedup_scope not in DEDUP_SCOPES:
             raise ValueError(f"dedup_scope must be one of {', '.join(DEDUP_SCOPES)}")
         engine = EngineConfig(

@@ -13,6 +13,7 @@ from app.settings import Settings
 from app.tools.formats import FORMATS, ToolFormat
 from middleware.admission.admission import Admission
 from middleware.dedup.cache import DedupCache
+from middleware.edge.auth_failures import AuthFailures
 from middleware.errors import OpenAIError, service_unavailable
 from middleware.generation import Handler
 from middleware.idempotency.asgi import IdempotencyCounts
@@ -39,6 +40,8 @@ class ServerState:
     # Counted by the middleware, read by app/metrics.py.
     rate_limit_counts: RateLimitCounts = field(default_factory=RateLimitCounts)
     idempotency_counts: IdempotencyCounts = field(default_factory=IdempotencyCounts)
+    # Failed authentications, throttled per client address; the door's auth layer counts them.
+    auth_failures: AuthFailures = field(default_factory=lambda: AuthFailures(0))
     # Requests with a grammar, by kind (app/response_format.py counts them, app/metrics.py reads).
     constrained_requests: Counter[str] = field(default_factory=Counter)
     # How the model writes tool calls (app/tools/formats.py); set with the engine.

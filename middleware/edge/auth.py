@@ -17,10 +17,12 @@ and the lowest body priority it may send in `scope["state"]["min_priority"]` whe
 from __future__ import annotations
 
 import hmac
+import math
 from collections.abc import Collection, Mapping, Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from middleware.edge.auth_failures import AuthFailures
 from middleware.errors import error_json, send_error
 
 DEFAULT_OPEN_PATHS = ("/health", "/ready", "/metrics")
@@ -42,7 +44,9 @@ class ApiKeyMiddleware:
         open_paths: Collection[str] = DEFAULT_OPEN_PATHS,
         priority_tiers: Mapping[str, int] | None = None,
         min_priorities: Mapping[str, int] | None = None,
+        failures: AuthFailures | None = None,
     ) -> None:
+        """failures: where failed attempts are counted and throttled per client address."""
         for key in api_keys:
             if not isinstance(key, str) or not key.strip():
                 raise ValueError("API keys must be non-empty strings")
@@ -50,6 +54,7 @@ class ApiKeyMiddleware:
         # Kept as bytes: the header arrives as bytes, and compare_digest needs equal types.
         self._keys = tuple(dict.fromkeys(key.encode() for key in api_keys))
         self._open_paths = frozenset(open_paths)
+        self._failures = failures if failures is not None else AuthFailures(0)
         self._tiers = {key.encode(): tier for key, tier in (priority_tiers or {}).items()}
         self._min_priorities = {key.encode(): floor for key, floor in (min_priorities or {}).items()}
         if not set(self._tiers) | set(self._min_priorities) <= set(self._keys):
@@ -61,12 +66,15 @@ class ApiKeyMiddleware:
             return
 
         presented = _bearer_token(scope)
-        if presented is None:
-            await _reject(send, _MISSING_KEY_MESSAGE)
-            return
-        matched = self._match(presented)
+        matched = self._match(presented) if presented is not None else None
         if matched is None:
-            await _reject(send, _WRONG_KEY_MESSAGE)
+            address = (scope.get("client") or ("unknown", 0))[0]
+            failures = self._failures
+            if not failures.allows_attempt(address):
+                await _throttle(send, failures.retry_after(address))
+                return
+            failures.failed(address)
+            await _reject(send, _MISSING_KEY_MESSAGE if presented is None else _WRONG_KEY_MESSAGE)
             return
         state = scope.setdefault("state", {})
         state["api_key"] = matched.decode()
@@ -104,6 +112,12 @@ def _bearer_token(scope: Scope) -> bytes | None:
                 return None
             return bytes(token)
     return None
+
+
+async def _throttle(send: Send, retry_after: float) -> None:
+    message = "Too many failed authentication attempts from this address; retry later."
+    body = error_json(message, type="invalid_request_error", code="rate_limit_exceeded")
+    await send_error(send, 429, body, headers=[("retry-after", str(max(1, math.ceil(retry_after))))])
 
 
 async def _reject(send: Send, message: str) -> None:

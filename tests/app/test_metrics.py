@@ -50,6 +50,7 @@ COUNTERS = [
     "surge_dedup_hits_total",
     "surge_dedup_misses_total",
     "surge_constrained_requests_total",
+    "surge_auth_failures_total",
     "surge_shed_requests_total",
     "surge_redis_fallbacks_total",
 ]

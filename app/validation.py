@@ -7,8 +7,10 @@ the client with its proper status. What needs no model (field types, ranges) is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from app.schemas import ChatCompletionRequest, CompletionRequest
 from app.settings import Settings
@@ -28,18 +30,33 @@ PREFIX_CHARS_PER_TOKEN = 16
 # How many tokens a text's count can change by when it is cut short or tokenized alone instead
 # of inside its chat template (a token merging across either end, a BOS).
 BOUNDARY_TOKENS = 8
-# Shorter texts are not measured: they would add next to nothing to the bound.
+# Shorter texts are measured together, as one text: one by one they would add next to nothing
+# to the bound (and 10,000 of them would slip past it).
 MIN_MEASURED_CHARS = 64
+# Request bodies larger than this have their prompts rendered and tokenized on a worker thread:
+# the tiny model's tokenizer takes ~0.5 s a megabyte, time every other stream and /health would
+# wait on the event loop (64 KB: ~20 ms).
+OFF_LOOP_BYTES = 65_536
+
+T = TypeVar("T")
+
+
+async def tokenize_sized(body_bytes: int, work: Callable[[], T]) -> T:
+    """`work()` (render, check, tokenize) inline for a small body, on a worker thread for a large one."""
+    if body_bytes > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(work)
+    return work()
 
 
 def check_text_fits(engine: AsyncEngine, texts: Sequence[str], param: str) -> None:
     """Reject a prompt too long for the context before tokenizing all of it.
 
-    Tokenizing runs on the event loop, at seconds per megabyte: a prompt of several megabytes
-    would stall every other request for seconds only to be refused. When the texts are long, each
-    is tokenized up to a prefix of max_model_len x PREFIX_CHARS_PER_TOKEN characters; the
-    counts, less BOUNDARY_TOKENS each, are a lower bound of the whole prompt's length, so a
-    prompt refused here would have been refused after tokenizing it whole. Otherwise the caller
+    Tokenizing costs about a second per megabyte: a prompt of several megabytes would take that
+    long only to be refused (the callers run this on a worker thread for a large body). When the
+    texts are long, each (the short ones joined as one) is tokenized up to a prefix of
+    max_model_len x PREFIX_CHARS_PER_TOKEN characters; the counts, less BOUNDARY_TOKENS each, are
+    a lower bound of the whole prompt's length, so a prompt refused here would have been refused
+    after tokenizing it whole. Otherwise the caller
     tokenizes as usual and `sampling_params` checks the exact length.
     """
     max_model_len = engine.config.scheduler.max_model_len
@@ -47,9 +64,11 @@ def check_text_fits(engine: AsyncEngine, texts: Sequence[str], param: str) -> No
     if sum(len(text) for text in texts) <= budget:
         return
     num_tokens = 0
-    for text in texts:
-        if len(text) < MIN_MEASURED_CHARS:
-            continue  # leaving a text out only lowers the bound; it spares 10,000 tiny messages
+    measured = [text for text in texts if len(text) >= MIN_MEASURED_CHARS]
+    short = [text for text in texts if len(text) < MIN_MEASURED_CHARS]
+    if short:
+        measured.append("\n".join(short))
+    for text in measured:
         num_tokens += max(0, len(engine.tokenizer.encode(text[:budget])) - BOUNDARY_TOKENS)
         if num_tokens >= max_model_len:
             raise invalid_request(

@@ -20,7 +20,7 @@ from app.sse import sse_response
 from app.state import generation_inputs
 from app.streaming import stream_events
 from app.tool_choice import ToolPlan, constrain_tools, plan_tools
-from app.validation import check_model, check_text_fits, sampling_params
+from app.validation import check_model, check_text_fits, sampling_params, tokenize_sized
 from middleware.errors import invalid_request
 from models.async_engine import AsyncEngine
 
@@ -36,12 +36,17 @@ _parse_body = json_body(ChatCompletionRequest)
 async def create_chat_completion(request: Request) -> Response:
     body, state, engine = await generation_inputs(request, _parse_body)
     check_model(state.settings, body.model)
-    check_text_fits(engine, [message.text for message in body.messages], "messages")
-    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
-    try:
-        prompt = engine.tokenizer.encode_chat(body.template_messages(), tools, body.chat_template_kwargs)
-    except Exception as exc:  # a template that rejects the conversation (e.g. role order)
-        raise invalid_request(f"The chat template could not render these messages: {exc}", param="messages") from exc
+
+    def encode() -> list[int]:
+        check_text_fits(engine, [message.text for message in body.messages], "messages")
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
+        try:
+            return engine.tokenizer.encode_chat(body.template_messages(), tools, body.chat_template_kwargs)
+        except Exception as exc:  # a template that rejects the conversation (e.g. role order)
+            message = f"The chat template could not render these messages: {exc}"
+            raise invalid_request(message, param="messages") from exc
+
+    prompt = await tokenize_sized(len(await request.body()), encode)
     choice_params = sampling_params(engine, body, len(prompt), body.requested_max_tokens, "messages")
     counts = state.constrained_requests
     # Off the event loop: the first grammar reads the whole vocabulary into the grammar library.

@@ -16,7 +16,7 @@ from app.schemas import CompletionChunkEncoder, CompletionRequest, Usage, new_co
 from app.sse import event, sse_response
 from app.state import generation_inputs
 from app.streaming import stream_events
-from app.validation import check_model, check_text_fits, sampling_params
+from app.validation import check_model, check_text_fits, sampling_params, tokenize_sized
 from middleware.errors import invalid_request
 from models.outputs import RequestOutput
 from models.tokenizer import Tokenizer
@@ -34,17 +34,25 @@ async def create_completion(request: Request) -> Response:
     body, state, engine = await generation_inputs(request, _parse_body)
     check_model(state.settings, body.model)
     vocab_size = engine.tokenizer.vocab_size
-    prompts: list[list[int]] = []
     inputs = body.prompt_inputs()
-    for index, item in enumerate(inputs):
-        if isinstance(item, str):
-            check_text_fits(engine, [item], "prompt")  # each prompt is a sequence of its own
-        ids = engine.tokenizer.encode(item) if isinstance(item, str) else list(item)
-        if not ids:  # every prompt, not only the longest: the engine cannot start a sequence from nothing
-            raise invalid_request(("The prompt" if len(inputs) == 1 else f"Prompt {index}") + " is empty.", "prompt")
-        if any(token_id >= vocab_size for token_id in ids):
-            raise invalid_request(f"The prompt has a token id outside the vocabulary (size {vocab_size}).", "prompt")
-        prompts.append(ids)
+
+    def encode() -> list[list[int]]:
+        prompts = []
+        for index, item in enumerate(inputs):
+            if isinstance(item, str):
+                check_text_fits(engine, [item], "prompt")  # each prompt is a sequence of its own
+            ids = engine.tokenizer.encode(item) if isinstance(item, str) else list(item)
+            if not ids:  # every prompt, not only the longest: the engine cannot start a sequence from nothing
+                which = "The prompt" if len(inputs) == 1 else f"Prompt {index}"
+                raise invalid_request(f"{which} is empty.", "prompt")
+            if any(token_id >= vocab_size for token_id in ids):
+                raise invalid_request(
+                    f"The prompt has a token id outside the vocabulary (size {vocab_size}).", "prompt"
+                )
+            prompts.append(ids)
+        return prompts
+
+    prompts = await tokenize_sized(len(await request.body()), encode)
     # The longest prompt decides whether max_tokens fits (and its default, when left out).
     longest = max(len(ids) for ids in prompts)
     choice_params = sampling_params(engine, body, longest, body.requested_max_tokens, "prompt")

@@ -9,6 +9,7 @@ requests limit is left off here.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -379,6 +380,53 @@ def test_an_8_mb_prompt_is_refused_without_tokenizing_all_of_it(
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded"
     assert "at least" in error["message"]  # measured on a prefix, not the whole text
+
+
+def test_ten_thousand_short_texts_are_measured_before_any_render(
+    live: LiveServer, http: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack: texts under the early check's size each slipped past it, so 4,000 short
+    messages were rendered and tokenized whole (on the event loop) only to be refused."""
+    rendered: list[int] = []
+    real = live.engine.tokenizer.encode_chat
+    monkeypatch.setattr(live.engine.tokenizer, "encode_chat", lambda *a, **k: rendered.append(1) or real(*a, **k))
+    body = {**BASE[CHAT], "messages": [{"role": "user", "content": "x" * 48}] * 4000}
+    response = http.post(CHAT, json=body)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+    assert "at least" in response.json()["error"]["message"] and not rendered
+
+
+@pytest.mark.parametrize("path", BOTH)
+def test_a_large_body_is_tokenized_off_the_event_loop(
+    live: LiveServer, http: httpx.Client, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """The attack: megabytes of prompt rendered and tokenized on the event loop, while /health and
+    /ready waited (the kubelet restarts the pod). A large body's prompts are encoded on a worker
+    thread; a small one's in line (a thread hop would cost it more than it saves)."""
+    on_loop: list[bool] = []
+
+    def watched(method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                asyncio.get_running_loop()
+                on_loop.append(True)
+            except RuntimeError:
+                on_loop.append(False)
+            return method(*args, **kwargs)
+
+        return call
+
+    tokenizer = live.engine.tokenizer
+    monkeypatch.setattr(tokenizer, "encode_chat", watched(tokenizer.encode_chat))
+    monkeypatch.setattr(tokenizer, "encode", watched(tokenizer.encode))
+    assert http.post(path, json=BASE[path]).status_code == 200
+    assert on_loop and all(on_loop)
+    on_loop.clear()
+    large = {"type": "function", "function": {"name": "f", "description": "d" * 70_000}}
+    body = {**BASE[path], "tools": [large]} if path == CHAT else {**BASE[path], "prompt": "word " * 20_000}
+    response = http.post(path, json=body)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+    assert on_loop and not any(on_loop)
 
 
 def test_non_ascii_idempotency_key_is_a_400(http: httpx.Client) -> None:

@@ -47,6 +47,7 @@ def install_door_layers(app: FastAPI, settings: Settings, state: ServerState, ht
                     lease_seconds=settings.idempotency_lease_seconds,
                 ),
                 "counts": state.idempotency_counts,
+                "max_stored_bytes": settings.idempotency_max_bytes,
             },
         ),
     }

@@ -16,6 +16,7 @@ from typing import Any
 from middleware.admission.admission import AdmissionConfig
 from middleware.admission.degradation import DegradationConfig
 from middleware.dedup.cache import DEDUP_SCOPES
+from middleware.idempotency.asgi import DEFAULT_MAX_STORED_BYTES
 from middleware.keys_file import KeysFile, load_keys_file
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
 
@@ -143,6 +144,7 @@ OPTIONS: tuple[Option, ...] = (
     # --- idempotency and dedup -----------------------------------------------------------------
     Option("idempotency_ttl_seconds", float, "how long a finished response is kept for Idempotency-Key retries"),
     Option("idempotency_lease_seconds", float, "in-flight lease of an Idempotency-Key, extended while it runs"),
+    Option("idempotency_max_bytes", int, "largest response stored for an Idempotency-Key; larger ones replay as a 422"),
     Option("dedup_ttl_seconds", float, "how long identical deterministic requests share a result; 0 = off"),
     Option(
         "dedup_scope", str, "who shares dedup results: key (requests of one API key) or global", choices=DEDUP_SCOPES
@@ -218,6 +220,7 @@ class Settings:
     rate_limit_replicas: int = 1
     idempotency_ttl_seconds: float = 86400.0
     idempotency_lease_seconds: float = 30.0
+    idempotency_max_bytes: int = DEFAULT_MAX_STORED_BYTES
     dedup_ttl_seconds: float = 300.0
     dedup_scope: str = "key"
     max_queued_requests: int = _ADMISSION.max_queued_requests
@@ -258,6 +261,8 @@ class Settings:
             raise ValueError("rate_limit_replicas must be at least 1")
         if self.idempotency_ttl_seconds <= 0 or self.idempotency_lease_seconds <= 0:
             raise ValueError("idempotency TTL and lease must be positive")
+        if self.idempotency_max_bytes < 1024:
+            raise ValueError("idempotency_max_bytes must be at least 1024")
         if self.dedup_ttl_seconds < 0:
             raise ValueError("dedup_ttl_seconds must be 0 (off) or positive")
         if self.auth_failures_per_minute < 0:

@@ -55,6 +55,10 @@ from middleware.redis import RedisBackend
 log = logging.getLogger("surge.idempotency")
 
 DEFAULT_PATHS = ("/v1/chat/completions", "/v1/completions")
+# Responses larger than this are not stored whole: one write of them would hold Redis (and the
+# process's memory) for every tenant. Their key stores a small 422 instead, so a retry is told
+# why it cannot be replayed rather than running the request again.
+DEFAULT_MAX_STORED_BYTES = 8 * 1024 * 1024
 MAX_KEY_LENGTH = 255
 RETRY_AFTER_SECONDS = 1
 REPLAYED_HEADER = (b"idempotent-replayed", b"true")
@@ -82,11 +86,13 @@ class IdempotencyMiddleware:
         store: IdempotencyStore,
         paths: Collection[str] = DEFAULT_PATHS,
         counts: IdempotencyCounts | None = None,
+        max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES,
     ) -> None:
         if store.lease_seconds <= 0:
             raise ValueError("the store's lease must be positive")
         self.app = app
         self.store = store
+        self._max_stored_bytes = max_stored_bytes
         self._paths = frozenset(paths)
         self.counts = counts if counts is not None else IdempotencyCounts()
 
@@ -130,7 +136,7 @@ class IdempotencyMiddleware:
     async def _run_once(
         self, scope: Scope, body: bytes, receive: Receive, send: Send, key: str, fingerprint: str, owner: str
     ) -> None:
-        recorder = _Recorder(self.store, key, fingerprint, owner, body, receive, send)
+        recorder = _Recorder(self.store, key, fingerprint, owner, body, receive, send, self._max_stored_bytes)
         keeper = asyncio.create_task(self._keep_leased(key, owner))
         try:
             await self.app(scope, recorder.receive, recorder.send)
@@ -171,9 +177,12 @@ class _Recorder:
     _request_body: bytes | None  # replayed once, then None
     _receive: Receive
     _send: Send
+    _max_bytes: int
     _status: int = 0
     _headers: tuple[tuple[bytes, bytes], ...] = ()
     _chunks: list[bytes] = field(default_factory=list)
+    _num_bytes: int = 0
+    _is_too_large: bool = False
     _is_storable: bool = False
     is_disconnected: bool = False
     is_stored: bool = False
@@ -194,7 +203,12 @@ class _Recorder:
             self._headers = tuple((name, value) for name, value in headers if name not in _UNSTORED_HEADERS)
             self._is_storable = _is_storable_status(self._status) and not _is_stand_in(self._headers)
         elif message["type"] == "http.response.body" and self._is_storable:
-            self._chunks.append(bytes(message.get("body", b"")))
+            chunk = bytes(message.get("body", b"")) if not self._is_too_large else b""
+            self._num_bytes += len(chunk)
+            if self._num_bytes > self._max_bytes:  # kept no further: a stand-in is stored at the end
+                self._is_too_large, self._chunks = True, []
+            elif chunk:
+                self._chunks.append(chunk)
             if not message.get("more_body", False):
                 await self._store_if_complete()
         await self._send(message)
@@ -207,6 +221,8 @@ class _Recorder:
         if self.is_disconnected or (_is_event_stream(self._headers) and _has_error_event(body)):
             return
         response = StoredResponse(self._status, self._headers, body)
+        if self._is_too_large:
+            response = _too_large_to_replay(self._max_bytes)
         try:
             self.is_stored = await self._store.complete(self._key, self._owner, self._fingerprint, response)
         except StoreUnavailable as exc:
@@ -214,6 +230,15 @@ class _Recorder:
             return
         if not self.is_stored:
             log.warning("another request holds this idempotency key now; the response was not stored")
+
+
+def _too_large_to_replay(max_bytes: int) -> StoredResponse:
+    message = (
+        f"The response to this Idempotency-Key was larger than {max_bytes} bytes, so it was not stored and "
+        "cannot be replayed; send the request again with a new key."
+    )
+    body = error_json(message, type="invalid_request_error", code="idempotency_response_too_large")
+    return StoredResponse(422, ((b"content-type", b"application/json"),), body)
 
 
 def _is_storable_status(status: int) -> bool:

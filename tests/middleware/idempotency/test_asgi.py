@@ -304,3 +304,21 @@ def test_an_oversized_body_is_413_before_any_claim(live: LiveServer) -> None:
         sdk(live).chat.completions.create(**sdk_args(huge, key))
     assert info.value.status_code == 413
     assert post(live.url, chat(), key).status_code == 200  # the key was never claimed
+
+
+def test_a_response_too_large_to_store_replays_as_a_clear_422(tiny_model_dir: Path) -> None:
+    """The attack: one huge reply (n x max_tokens x top_logprobs) buffered whole and written to
+    Redis in one command, holding it for every tenant. Past --idempotency-max-bytes nothing of it
+    is kept; the key stores a small 422 saying why a retry cannot be replayed."""
+    with running_server(tiny_model_dir, max_model_len=1024, idempotency_max_bytes=2048) as live:
+        key = new_key()
+        big = chat(300, ignore_eos=True, stream=True)
+        first = post(live.url, big, key)
+        assert first.status_code == 200 and len(first.content) > 2048 and first.text.endswith("data: [DONE]\n\n")
+        retry = post(live.url, big, key)
+        assert retry.status_code == 422, retry.text
+        assert retry.json()["error"]["code"] == "idempotency_response_too_large"
+        assert retry.headers["idempotent-replayed"] == "true"
+        small_key = new_key()
+        small = post(live.url, chat(2), small_key)
+        assert post(live.url, chat(2), small_key).content == small.content  # within the cap: replayed

@@ -17,10 +17,11 @@ Every surge metric has the served model's name as its `model` label. Names are a
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Iterator
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -29,6 +30,7 @@ from starlette.responses import Response
 
 from app.response_format import CONSTRAINED_KINDS
 from app.state import ServerState
+from middleware.errors import error_json
 from models.gpu import read_gpu_stats
 from models.sequence import FinishReason
 
@@ -264,7 +266,17 @@ def install_metrics(app: FastAPI, state: ServerState) -> tuple[EngineMetrics, tu
 
     # NOTE: async on purpose: the collector runs on the event loop, like every other reader of
     # the degradation level (whose hysteresis a scrape advances), never in a worker thread.
-    async def metrics() -> Response:
+    metrics_key = state.settings.metrics_key.encode()
+
+    async def metrics(request: Request) -> Response:
+        # The metrics tell who is served how much (rates, errors, queue depths): with
+        # --metrics-key they are for whoever holds it (Prometheus' `authorization` setting).
+        presented = request.headers.get("authorization", "").encode()
+        if metrics_key and not hmac.compare_digest(presented, b"Bearer " + metrics_key):
+            message = "GET /metrics needs the metrics key (Authorization: Bearer <--metrics-key>)."
+            body = error_json(message, type="invalid_request_error", code="invalid_api_key")
+            headers = {"www-authenticate": "Bearer"}
+            return Response(body, status_code=401, media_type="application/json", headers=headers)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)

@@ -89,6 +89,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("chat_template", str, "a Jinja chat template file used instead of the model's own; empty = the model's"),
     Option("api_key", str, "accepted Bearer key (repeatable); none = no auth", multiple=True),
+    Option("metrics_key", str, "Bearer key GET /metrics requires; empty = /metrics open (health and ready stay open)"),
     Option(
         "auth_failures_per_minute", int, "failed authentications per client address and minute before 429s; 0 = off"
     ),
@@ -200,6 +201,7 @@ class Settings:
     chat_template: str = ""
     api_key: tuple[str, ...] = ()
     auth_failures_per_minute: int = 30
+    metrics_key: str = ""
     cors_origin: tuple[str, ...] = ()
     num_threads: int = _MODEL.num_threads
     prefill_threads: int = _MODEL.prefill_threads

@@ -308,3 +308,18 @@ def test_gpu_metrics_by_device_where_cuda_is_in_use(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(gpu, "_HAS_NVML", False)
     names = {m.name for m in collector.collect()}
     assert "surge_gpu_memory_used_bytes" in names and "surge_gpu_utilization_ratio" not in names
+
+
+def test_metrics_need_the_metrics_key_when_one_is_set(tiny_model_dir: Path) -> None:
+    """The attack surface: /metrics on the API port told anyone who could reach it how much each
+    part of the service was used (rates, errors, queue depths). With --metrics-key it is for
+    Prometheus only; /health and /ready stay open for the kubelet."""
+    with running_server(tiny_model_dir, max_model_len=256, metrics_key="mk-scraper") as live:
+        url = f"{live.url}/metrics"
+        assert httpx.get(url).status_code == 401
+        wrong = httpx.get(url, headers={"authorization": "Bearer mk-guess"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+        scraped = httpx.get(url, headers={"authorization": "Bearer mk-scraper"})
+        assert scraped.status_code == 200 and "surge_requests_waiting" in scraped.text
+        assert httpx.get(f"{live.url}/health").status_code == 200
+        assert httpx.get(f"{live.url}/ready").status_code == 200

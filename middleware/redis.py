@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -54,6 +55,17 @@ class RedisUnavailable(Exception):
     """Redis did not answer in time (or is known to be down): use the in-process fallback."""
 
 
+def redacted(url: str) -> str:
+    """`url` without its password (`redis://user:***@host:6379/0`): what the log may show."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    host = parts.hostname or ""
+    netloc = f"{user}***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 class RedisBackend:
     def __init__(
         self,
@@ -65,7 +77,7 @@ class RedisBackend:
     ) -> None:
         if timeout <= 0:
             raise ValueError("the Redis timeout must be positive")
-        self.url = url
+        self.url = redacted(url)  # for the log: never the password
         self.timeout = timeout
         self.probe_interval = probe_interval
         self._clock = clock

@@ -25,23 +25,28 @@ from scripts.harness.service import Service
 
 
 class RedisServer(Service):
-    def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
+    def __init__(self, port: int | None = None, log_path: Path | None = None, password: str = "") -> None:
+        """password: `requirepass`, which clients then send (it is in `url`)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (scripts/ensure-redis.sh installs it with apt)")
         self.binary = binary
         self.port = port or free_port()
         self.log_path = log_path
+        self.password = password
         self.dir = tempfile.mkdtemp(prefix="surge-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> None:
         argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         argv += ["--dir", self.dir]
+        if self.password:
+            argv += ["--requirepass", self.password]
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             argv += ["--logfile", str(self.log_path)]
@@ -57,6 +62,10 @@ class RedisServer(Service):
     def _command(self, command: bytes, timeout: float = 0.5) -> bytes:
         """One inline command's reply: a simple line (`+PONG`), or a bulk reply's payload."""
         with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as sock:
+            if self.password:  # its `+OK` read first, alone
+                sock.sendall(f"AUTH {self.password}\r\n".encode())
+                if not sock.recv(64).startswith(b"+OK"):
+                    return b"-AUTH failed"
             sock.sendall(command)
             reply = b""
             while b"\r\n" not in reply:

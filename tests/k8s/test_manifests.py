@@ -34,7 +34,14 @@ def surge_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def test_every_built_manifest_validates_against_the_kubernetes_schemas(built: tuple[str, list[dict[str, Any]]]) -> None:
     _, docs = built
     kinds = {d["kind"] for d in docs}
-    assert kinds == {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"}
+    assert kinds == {
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+        "NetworkPolicy",
+    }
     for doc in docs:
         kubernetes_validate.validate(doc, kubernetes_validate.utils.latest_version(), strict=True)
 
@@ -47,12 +54,45 @@ def test_settings_are_known_surge_variables_and_the_key_comes_from_a_secret(
     config = find(docs, "ConfigMap", "surge-config")["data"]
     assert set(config) <= known, set(config) - known
     assert config["SURGE_HOST"] == "0.0.0.0"
-    assert config["SURGE_REDIS_URL"].startswith("redis://surge-redis:")
+    assert "SURGE_REDIS_URL" not in config  # it carries the password: from the Secret
     assert find(docs, "Service", "surge-redis")["spec"]["ports"][0]["port"] == 6379
     container = surge_container(docs)
     assert container["envFrom"] == [{"configMapRef": {"name": "surge-config"}}]
     key = next(e for e in container["env"] if e["name"] == "SURGE_API_KEY")
     assert key["valueFrom"]["secretKeyRef"]["name"] == "surge-api-keys"
+
+
+def test_redis_needs_a_password_from_a_secret_and_only_surge_reaches_it(
+    built: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """The finding: Redis ran with no password and no NetworkPolicy, holding 24 h of completions
+    that are replayed verbatim, for anything in the cluster to read or forge."""
+    _, docs = built
+    redis = find(docs, "Deployment", "surge-redis")["spec"]["template"]["spec"]["containers"][0]
+    args = redis["args"]
+    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    redis_password = next(e for e in redis["env"] if e["name"] == "REDIS_PASSWORD")
+    assert redis_password["valueFrom"]["secretKeyRef"] == {"name": "surge-redis-auth", "key": "password"}
+    env = [e["name"] for e in surge_container(docs)["env"]]
+    url = next(e for e in surge_container(docs)["env"] if e["name"] == "SURGE_REDIS_URL")["value"]
+    assert url == "redis://:$(REDIS_PASSWORD)@surge-redis:6379/0"
+    assert env.index("REDIS_PASSWORD") < env.index("SURGE_REDIS_URL")  # Kubernetes expands only earlier ones
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    server_labels = find(docs, "Deployment", "surge")["spec"]["selector"]["matchLabels"]
+    redis_policy = policies["surge-redis"]
+    assert (
+        redis_policy["podSelector"]["matchLabels"]
+        == find(docs, "Deployment", "surge-redis")["spec"]["selector"]["matchLabels"]
+    )
+    assert redis_policy["policyTypes"] == ["Ingress"]
+    assert redis_policy["ingress"] == [
+        {"from": [{"podSelector": {"matchLabels": server_labels}}], "ports": [{"port": 6379, "protocol": "TCP"}]}
+    ]
+    server_policy = policies["surge-server"]
+    assert server_policy["podSelector"]["matchLabels"] == server_labels
+    (rule,) = server_policy["ingress"]
+    assert rule["ports"] == [{"port": 8000, "protocol": "TCP"}]
+    assert all("namespaceSelector" in peer and "podSelector" not in peer for peer in rule["from"])
 
 
 def test_pods_probe_drain_and_run_unprivileged(built: tuple[str, list[dict[str, Any]]]) -> None:

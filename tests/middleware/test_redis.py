@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 
-from middleware.redis import RedisBackend, RedisUnavailable
+from middleware.redis import RedisBackend, RedisUnavailable, redacted
 from scripts.harness.redis_server import RedisServer
+from tests.live_server import MODEL_NAME, running_server
 
 
 async def test_a_busy_event_loop_is_not_a_redis_timeout(redis_url: str) -> None:
@@ -159,3 +162,32 @@ async def test_connect_to_a_frozen_redis_is_bounded_by_its_attempts(caplog: pyte
         finally:
             redis.thaw()
             await backend.close()
+
+
+def test_the_redis_password_never_reaches_the_log(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The leak: `--redis-url redis://:password@host` went into every Redis log line whole. The
+    server uses the password (a Redis with `requirepass` serves it), its log shows `***`."""
+    redis = RedisServer(password="s3cret-redis-pass")
+    redis.start()
+    try:
+        with caplog.at_level("INFO"), running_server(tiny_model_dir, max_model_len=256, redis_url=redis.url) as live:
+            body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            url = f"{live.url}/v1/chat/completions"
+            assert httpx.post(url, json=body, headers={"Idempotency-Key": "k1"}).status_code == 200
+            assert (
+                httpx.post(url, json=body, headers={"Idempotency-Key": "k1"}).headers["idempotent-replayed"] == "true"
+            )
+            redis.kill()  # the outage is logged, with the URL
+            httpx.post(url, json=body, headers={"Idempotency-Key": "k2"})
+            assert live.state.redis is not None and not live.state.redis.is_up
+        lines = [record.getMessage() for record in caplog.records if "redis at" in record.getMessage()]
+        assert lines and all("redis://:***@127.0.0.1" in line for line in lines), lines
+        assert "s3cret-redis-pass" not in caplog.text
+    finally:
+        redis.stop()
+
+
+def test_redacted_keeps_everything_but_the_password() -> None:
+    assert redacted("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert redacted("redis://:pw@host:6379/0") == "redis://:***@host:6379/0"
+    assert redacted("rediss://user:pw@host/1") == "rediss://user:***@host/1"

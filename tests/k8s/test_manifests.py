@@ -62,6 +62,16 @@ def test_settings_are_known_surge_variables_and_the_key_comes_from_a_secret(
     assert key["valueFrom"]["secretKeyRef"]["name"] == "surge-api-keys"
 
 
+def test_redis_fail_open_is_not_eager_and_never_exceeds_the_limits(built: tuple[str, list[dict[str, Any]]]) -> None:
+    """The finding: a 50 ms Redis timeout (spurious outages under a burst's event-loop lag), and a
+    fallback share of 1/2 while the HPA allows 10 replicas (5x the limits while Redis is away)."""
+    _, docs = built
+    config = find(docs, "ConfigMap", "surge-config")["data"]
+    assert int(config["SURGE_REDIS_TIMEOUT_MS"]) >= 200
+    hpa = find(docs, "HorizontalPodAutoscaler", "surge")["spec"]
+    assert int(config["SURGE_RATE_LIMIT_REPLICAS"]) == hpa["maxReplicas"]
+
+
 def test_redis_needs_a_password_from_a_secret_and_only_surge_reaches_it(
     built: tuple[str, list[dict[str, Any]]],
 ) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from models.control_tokens import ControlTokens
+
 # Used only when a model ships no chat template (base models such as GPT-2): plain ChatML.
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -59,6 +61,8 @@ class Tokenizer:
         self._backend_decode = backend.decode if backend is not None else None
         is_byte_level = backend is not None and type(backend.decoder).__name__ == "ByteLevel"
         self._byte_decoder = _byte_decoder() if is_byte_level else None
+        specials = [token.content for token in hf_tokenizer.added_tokens_decoder.values() if token.special]
+        self._control = ControlTokens([*specials, *hf_tokenizer.all_special_tokens])
         # Per-token caches for logprobs; bounded by the vocabulary.
         self._text_cache: dict[int, str] = {}
         self._bytes_cache: dict[int, bytes] = {}
@@ -88,7 +92,7 @@ class Tokenizer:
         them; `template_kwargs` become template variables (e.g. `enable_thinking`)."""
         template = None if self.has_chat_template else DEFAULT_CHAT_TEMPLATE
         text = self.hf.apply_chat_template(
-            [dict(m) for m in messages],
+            self._control.defuse_messages(messages),  # models/control_tokens.py
             tools=[dict(tool) for tool in tools] if tools else None,
             chat_template=template,
             add_generation_prompt=True,

@@ -19,6 +19,7 @@ from middleware.edge.request_id import RequestIdMiddleware
 from middleware.idempotency.asgi import IdempotencyMiddleware, build_store
 from middleware.rate_limit.asgi import RateLimitMiddleware
 from middleware.rate_limit.buckets import InProcessBuckets, RedisBuckets
+from middleware.rate_limit.concurrency import ConcurrencyMiddleware
 from middleware.rate_limit.limits import Limits, per_key_limits
 
 Entry = tuple[type, dict[str, object]]
@@ -38,6 +39,7 @@ def install_door_layers(app: FastAPI, settings: Settings, state: ServerState, ht
         "auth": lambda: (ApiKeyMiddleware, {**_auth_options(settings), "failures": state.auth_failures}),
         "body_limit": lambda: (BodyLimitMiddleware, {"max_body_bytes": settings.max_body_bytes}),
         "rate_limit": lambda: _rate_limit(settings, state),
+        "concurrency": lambda: _concurrency(settings, state),
         "idempotency": lambda: (
             IdempotencyMiddleware,
             {
@@ -81,6 +83,15 @@ def _auth_options(settings: Settings) -> dict[str, object]:
         "priority_tiers": keys.priority_tiers(),
         "min_priorities": keys.min_priorities(),
     }
+
+
+def _concurrency(settings: Settings, state: ServerState) -> Entry | None:
+    """The per-key concurrency layer, when --max-concurrent-per-key or a key's max_concurrent is set."""
+    key_limits = settings.keys.concurrency_limits() if settings.keys is not None else {}
+    if not settings.max_concurrent_per_key and not any(key_limits.values()):
+        return None
+    options = {"default_limit": settings.max_concurrent_per_key, "key_limits": key_limits}
+    return ConcurrencyMiddleware, {**options, "counts": state.concurrency_counts}
 
 
 def _rate_limit(settings: Settings, state: ServerState) -> Entry | None:

@@ -189,6 +189,7 @@ class ServerCollector(Collector):
         )
         limited.add_metric([model, "requests"], state.rate_limit_counts.num_limited_requests)
         limited.add_metric([model, "tokens"], state.rate_limit_counts.num_limited_tokens)
+        limited.add_metric([model, "concurrency"], state.concurrency_counts.num_limited)
         yield limited
         idempotency = state.idempotency_counts
         yield counter(

@@ -136,6 +136,7 @@ OPTIONS: tuple[Option, ...] = (
     # --- rate limits --------------------------------------------------------------------------
     Option("rate_limit_rpm", int, "requests per minute per API key (per client address without keys); 0 = off"),
     Option("rate_limit_tpm", int, "tokens (prompt + max_tokens) per minute per API key; 0 = off"),
+    Option("max_concurrent_per_key", int, "requests one API key may have in flight (per replica); 0 = no limit"),
     Option("keys_file", str, "YAML or JSON file of API keys with per-key limits and priority tier"),
     Option(
         "rate_limit_replicas",
@@ -202,6 +203,7 @@ class Settings:
     api_key: tuple[str, ...] = ()
     auth_failures_per_minute: int = 30
     metrics_key: str = ""
+    max_concurrent_per_key: int = 0
     cors_origin: tuple[str, ...] = ()
     num_threads: int = _MODEL.num_threads
     prefill_threads: int = _MODEL.prefill_threads
@@ -267,6 +269,8 @@ class Settings:
             raise ValueError("idempotency_max_bytes must be at least 1024")
         if self.dedup_ttl_seconds < 0:
             raise ValueError("dedup_ttl_seconds must be 0 (off) or positive")
+        if self.max_concurrent_per_key < 0:
+            raise ValueError("max_concurrent_per_key must be 0 (no limit) or positive")
         if self.auth_failures_per_minute < 0:
             raise ValueError("auth_failures_per_minute must be 0 (off) or positive")
         if self.dedup_scope not in DEDUP_SCOPES:

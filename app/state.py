@@ -18,6 +18,7 @@ from middleware.errors import OpenAIError, service_unavailable
 from middleware.generation import Handler
 from middleware.idempotency.asgi import IdempotencyCounts
 from middleware.rate_limit.buckets import TokenBuckets
+from middleware.rate_limit.concurrency import ConcurrencyCounts
 from middleware.rate_limit.limits import RateLimitCounts
 from middleware.redis import RedisBackend
 from models.async_engine import AsyncEngine
@@ -40,6 +41,7 @@ class ServerState:
     # Counted by the middleware, read by app/metrics.py.
     rate_limit_counts: RateLimitCounts = field(default_factory=RateLimitCounts)
     idempotency_counts: IdempotencyCounts = field(default_factory=IdempotencyCounts)
+    concurrency_counts: ConcurrencyCounts = field(default_factory=ConcurrencyCounts)
     # Failed authentications, throttled per client address; the door's auth layer counts them.
     auth_failures: AuthFailures = field(default_factory=lambda: AuthFailures(0))
     # Requests with a grammar, by kind (app/response_format.py counts them, app/metrics.py reads).

@@ -37,6 +37,9 @@ DOOR: tuple[str, ...] = (
     # as an idempotent result and a retry runs again (rate_limit/asgi.py). Tokens are reserved
     # after parse, where the cost is known; this layer adds the x-ratelimit headers.
     "rate_limit",
+    # Concurrent requests per API key (when a limit is set): a key's burst cannot take the whole
+    # queue; 429 outside idempotency for the same reason as above (rate_limit/concurrency.py).
+    "concurrency",
     # Idempotency keys: replays and 409s never reach the model; only completed responses are
     # stored. Always on: without an Idempotency-Key header a request passes at no cost
     # (idempotency/asgi.py).

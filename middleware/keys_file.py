@@ -10,7 +10,8 @@ A YAML or JSON mapping from key to settings (or to nothing):
 `rpm` and `tpm` override `--rate-limit-rpm` / `--rate-limit-tpm` for that key (0 = unlimited);
 `tier` is a priority tier for load shedding (lower = more important; 0 without one);
 `min_priority` (0 or negative, default 0) is the lowest body `priority` the key may send, to run
-ahead of its tier's ordinary requests (middleware/admission/priority.py). Every key in the file is a
+ahead of its tier's ordinary requests (middleware/admission/priority.py); `max_concurrent`
+overrides `--max-concurrent-per-key` (0 = no limit). Every key in the file is a
 valid API key. The file is checked once at start-up; any problem is a `KeysFileError` that
 names the file, the key and the field. Must not know `app/`.
 """
@@ -26,7 +27,7 @@ import yaml
 
 from middleware.admission.priority import MAX_PRIORITY
 
-FIELDS = ("rpm", "tpm", "tier", "min_priority")
+FIELDS = ("rpm", "tpm", "tier", "min_priority", "max_concurrent")
 
 
 class KeysFileError(ValueError):
@@ -40,6 +41,7 @@ class KeyEntry:
     tpm: int | None = None  # None: the server-wide --rate-limit-tpm
     tier: int | None = None  # None: no tier of its own
     min_priority: int = 0  # the lowest body priority the key may send
+    max_concurrent: int | None = None  # requests in flight; None: --max-concurrent-per-key; 0: no limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,9 @@ class KeysFile:
 
     def priority_tiers(self) -> dict[str, int]:
         return {entry.key: entry.tier for entry in self.entries if entry.tier is not None}
+
+    def concurrency_limits(self) -> dict[str, int]:
+        return {entry.key: entry.max_concurrent for entry in self.entries if entry.max_concurrent is not None}
 
     def min_priorities(self) -> dict[str, int]:
         return {entry.key: entry.min_priority for entry in self.entries if entry.min_priority}
@@ -95,13 +100,15 @@ def _entry(key: object, value: object, source: str) -> KeyEntry:
         # bool is an int in Python; `rpm: yes` is a mistake, not 1.
         if field_value is not None and (not isinstance(field_value, int) or isinstance(field_value, bool)):
             raise KeysFileError(f"{label}: {name} must be an integer, not {field_value!r}")
-    for name in ("rpm", "tpm"):
+    for name in ("rpm", "tpm", "max_concurrent"):
         if value.get(name) is not None and value[name] < 0:
             raise KeysFileError(f"{label}: {name} must be 0 (unlimited) or positive")
     min_priority = value.get("min_priority") or 0
     if not -MAX_PRIORITY <= min_priority <= 0:
         raise KeysFileError(f"{label}: min_priority must be 0 or negative, down to {-MAX_PRIORITY}")
-    return KeyEntry(key, value.get("rpm"), value.get("tpm"), value.get("tier"), min_priority)
+    return KeyEntry(
+        key, value.get("rpm"), value.get("tpm"), value.get("tier"), min_priority, value.get("max_concurrent")
+    )
 
 
 def _where(exc: json.JSONDecodeError | yaml.YAMLError) -> str:

@@ -70,6 +70,8 @@ def test_redis_fail_open_is_not_eager_and_never_exceeds_the_limits(built: tuple[
     assert int(config["SURGE_REDIS_TIMEOUT_MS"]) >= 200
     hpa = find(docs, "HorizontalPodAutoscaler", "surge")["spec"]
     assert int(config["SURGE_RATE_LIMIT_REPLICAS"]) == hpa["maxReplicas"]
+    # One key's burst cannot take every place of the queue.
+    assert 0 < int(config["SURGE_MAX_CONCURRENT_PER_KEY"]) < int(config["SURGE_MAX_QUEUED_REQUESTS"])
 
 
 def test_redis_needs_a_password_from_a_secret_and_only_surge_reaches_it(

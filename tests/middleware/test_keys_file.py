@@ -68,7 +68,7 @@ def test_per_key_limits_fall_back_to_the_server_wide_ones(tmp_path: Path) -> Non
         ("", "keys.yaml", "expected a non-empty mapping"),
         ("12345: {rpm: 1}", "keys.yaml", "is not a string (quote it)"),
         ('"sk a": {rpm: 1}', "keys.yaml", "empty or contains whitespace"),
-        ("sk-a: 5", "keys.yaml", "expected a mapping with rpm, tpm, tier, min_priority"),
+        ("sk-a: 5", "keys.yaml", "expected a mapping with rpm, tpm, tier, min_priority, max_concurrent"),
         ("sk-a: {rpm: 1, burst: 5}", "keys.yaml", "unknown field(s) burst"),
         ("sk-a: {rpm: -1}", "keys.yaml", "rpm must be 0 (unlimited) or positive"),
         ("sk-a: {tpm: 1.5}", "keys.yaml", "tpm must be an integer"),

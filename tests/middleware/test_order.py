@@ -14,6 +14,7 @@ from middleware.edge.request_id import RequestIdMiddleware
 from middleware.generation import Generation, Handler, chain
 from middleware.idempotency.asgi import IdempotencyMiddleware
 from middleware.rate_limit.asgi import RateLimitMiddleware
+from middleware.rate_limit.concurrency import ConcurrencyMiddleware
 from models.outputs import OutputSource
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,20 +36,23 @@ def test_no_layer_imports_the_engine_torch_or_fastapi() -> None:
 
 def test_the_app_stacks_the_door_layers_in_the_declared_order(tmp_path: Path) -> None:
     keys = tmp_path / "keys.yaml"
-    keys.write_text("sk-a: {rpm: 10}\n")
+    keys.write_text("sk-a: {rpm: 10, max_concurrent: 4}\n")
     settings = Settings(model="echo", cors_origin=("*",), keys_file=str(keys))
     app = create_app(settings)
     # Starlette keeps user middleware outermost first.
     stacked = [entry.cls for entry in app.user_middleware]
     assert stacked[0] is RequestIdMiddleware and stacked[-1] is IdempotencyMiddleware
     assert stacked.index(ApiKeyMiddleware) < stacked.index(RateLimitMiddleware) < stacked.index(IdempotencyMiddleware)
-    assert len(stacked) == len(DOOR)  # every layer on: CORS, rate limits
+    assert (
+        stacked.index(RateLimitMiddleware) < stacked.index(ConcurrencyMiddleware) < stacked.index(IdempotencyMiddleware)
+    )
+    assert len(stacked) == len(DOOR)  # every layer on: CORS, rate limits, concurrency
 
 
 def test_a_layer_that_is_off_is_left_out() -> None:
     app = create_app(Settings(model="echo"))
     stacked = [entry.cls for entry in app.user_middleware]
-    assert RateLimitMiddleware not in stacked and len(stacked) == len(DOOR) - 2  # no CORS, no rate limit
+    assert RateLimitMiddleware not in stacked and len(stacked) == len(DOOR) - 3  # no CORS, rate or concurrency limit
 
 
 async def test_chain_runs_layers_outermost_first_around_the_innermost() -> None:

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from app.diagnostics import engine_process_init, install_tracemalloc
 from app.door import install_door_layers
 from app.errors import install_error_handlers
+from app.http_protocol import bounded_protocol
 from app.metrics import install_metrics
 from app.pipeline import build_pipeline
 from app.reasoning import template_reasons
@@ -140,6 +141,8 @@ def serve(settings: Settings, spawned: SpawnedEngine | None = None) -> None:
         # NOTE: typed int in uvicorn, but it only reaches asyncio.wait_for, which takes a float.
         timeout_graceful_shutdown=settings.shutdown_grace_seconds,  # type: ignore[arg-type]
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        http=bounded_protocol(settings.max_header_bytes, settings.header_timeout_seconds),
+        limit_concurrency=settings.max_connections or None,
     )
     server = DrainingServer(config, on_shutdown_signal=start_draining, delay_seconds=settings.shutdown_delay_seconds)
     install_tracemalloc("server")  # off unless SURGE_TRACEMALLOC is set (app/diagnostics.py)

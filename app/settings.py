@@ -114,6 +114,11 @@ OPTIONS: tuple[Option, ...] = (
         "nice value of the engine process (process mode): on a busy CPU the HTTP server (refusals, probes,"
         " stream writes) runs before model compute; 0 = the same priority",
     ),
+    Option("max_connections", int, "open connections and requests beyond which uvicorn answers 503; 0 = no limit"),
+    Option("max_header_bytes", int, "largest request line plus headers (400 beyond)"),
+    Option(
+        "header_timeout_seconds", float, "time a request's headers may take to arrive before its connection is closed"
+    ),
     Option("max_body_bytes", int, "largest accepted request body (413 beyond)"),
     Option("keepalive_seconds", float, "SSE keep-alive comment interval while a stream is silent"),
     Option("log_level", str, "log level", choices=("debug", "info", "warning", "error")),
@@ -210,6 +215,10 @@ class Settings:
     engine_mode: str = "process" if _ENGINE.separate_process else "thread"
     engine_nice: int = _ENGINE.nice
     max_body_bytes: int = 8 * 1024 * 1024
+    # Connection bounds (app/http_protocol.py): h11's default header bound, 16 KiB.
+    max_connections: int = 2048
+    max_header_bytes: int = 16 * 1024
+    header_timeout_seconds: float = 10.0
     keepalive_seconds: float = 5.0
     log_level: str = "info"
     log_format: str = "text"
@@ -251,6 +260,10 @@ class Settings:
             raise ValueError("port must be between 1 and 65535")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if self.max_connections < 0 or self.max_header_bytes < 1024 or self.header_timeout_seconds <= 0:
+            raise ValueError(
+                "max_connections must be 0 or positive, max_header_bytes at least 1024, header_timeout_seconds positive"
+            )
         if self.keepalive_seconds <= 0:
             raise ValueError("keepalive_seconds must be positive")
         if self.shutdown_delay_seconds < 0 or self.shutdown_grace_seconds < 0:

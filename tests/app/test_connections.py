@@ -1,0 +1,74 @@
+"""Connection bounds of `surge serve` (app/http_protocol.py): header size, header time, connections."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from scripts.harness.servers import ServerProcess, surge_argv
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    argv = surge_argv("echo", "--max-header-bytes", "4096", "--header-timeout-seconds", "2", "--max-connections", "3")
+    process = ServerProcess("surge", argv, tmp_path_factory.mktemp("conn") / "surge.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def connect(server: ServerProcess) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def reply(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(4096)
+    except (ConnectionResetError, TimeoutError):
+        return b""
+
+
+def test_headers_over_the_bound_are_a_400(server: ServerProcess) -> None:
+    """The attack: httptools took request headers of any size (a 1 MB header was accepted)."""
+    with connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8192 + b"\r\n\r\n")
+        assert reply(sock).startswith(b"HTTP/1.1 400")
+    with connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Small: " + b"a" * 1000 + b"\r\n\r\n")
+        assert reply(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_headers_that_trickle_past_the_deadline_lose_their_connection(server: ServerProcess) -> None:
+    """The attack (slowloris): headers sent a byte at a time held a connection forever."""
+    with connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        started = time.monotonic()
+        while time.monotonic() - started < 6:
+            try:
+                sock.sendall(b"a")
+            except OSError:
+                break  # closed by the server
+            time.sleep(0.2)
+        assert reply(sock) == b""  # closed, never answered
+    assert time.monotonic() - started < 6, "the connection was never closed"
+
+
+def test_connections_past_the_limit_get_a_503(server: ServerProcess) -> None:
+    idle = [connect(server) for _ in range(3)]
+    try:
+        time.sleep(0.2)  # the server has accepted them
+        with connect(server) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert reply(sock).startswith(b"HTTP/1.1 503")
+    finally:
+        for sock in idle:
+            sock.close()
+    time.sleep(0.2)
+    with connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert reply(sock).startswith(b"HTTP/1.1 200")

@@ -8,21 +8,19 @@ on; if the loop itself dies, `dead` says why and every live request gets an erro
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from models.config import SchedulerConfig
-from models.detokenizer import IncrementalDetokenizer
 from models.echo import EchoRunner, echo_token_ids
+from models.engine_request import EngineRequest
 from models.faults import forward_faults_from_env
 from models.gpu import GpuStat, read_gpu_stats
-from models.grammar import GrammarCompiler, GrammarError
+from models.grammar import GrammarCompiler
 from models.grammar_masks import MaskWorker
 from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
@@ -30,7 +28,7 @@ from models.model_runner import ModelRunner, Runner
 from models.observer import NULL_OBSERVER, EngineObserver
 from models.outputs import ENGINE_STOPPED, MODEL_FAILED, EngineDeadError, RequestOutput, TokenLogprob
 from models.queue_deadline import QueueDeadline
-from models.sampler import Sampler, SamplingRow, make_generator
+from models.sampler import Sampler
 from models.sampling_params import SamplingParams
 from models.scheduler import Scheduler, SchedulerOutput
 from models.sequence import FinishReason, Sequence
@@ -40,26 +38,12 @@ log = logging.getLogger("surge.engine")
 Publish = Callable[[list[RequestOutput]], None]
 
 
-@dataclass(slots=True)
-class _Request:
-    seq: Sequence
-    detokenizer: IncrementalDetokenizer
-    row: SamplingRow
-    last_token_time: float = 0.0  # engine clock, for the inter-token gaps
-    # Why the request cannot run (its grammar failed to compile), answered when the loop takes it.
-    refusal: str | None = None
-
-
 class _Stop:
     """Inbox sentinel: leave the loop."""
 
 
-def _nothing() -> None:
-    pass
-
-
-def _publish_nothing(outputs: list[RequestOutput]) -> None:
-    pass
+def _nothing(*_: object) -> None:
+    """No iteration hook; no publishing (warmup)."""
 
 
 class EngineCore:
@@ -93,12 +77,12 @@ class EngineCore:
         self._threads = loaded.threads
         self.scheduler = Scheduler(config, loaded.tokenizer.eos_token_ids)
         self._publish = publish
-        self._inbox: queue.SimpleQueue[_Request | str | _Stop] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[EngineRequest | str | _Stop] = queue.SimpleQueue()
         # Requests (not aborts) put in the inbox and taken out: each counter has one writer (the
         # caller of add_request; the loop), so their difference is exact without a lock.
         self._num_inbox_added = 0
         self._num_inbox_taken = 0
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, EngineRequest] = {}
         self._thread: threading.Thread | None = None
         self.dead: BaseException | None = None
         self.is_warm = False
@@ -116,26 +100,13 @@ class EngineCore:
         priority: int = 0,
         arrival_time: float | None = None,
     ) -> None:
-        """`arrival_time` (engine clock): when the request arrived, if earlier than now.
-
-        A grammar is compiled here, on the caller's thread (in the engine process, the thread that
-        reads the pipe), so a new schema never holds up the running batch's steps."""
+        """`arrival_time` (engine clock): when the request arrived, if earlier than now. Called
+        from any thread; a grammar is compiled here (models/engine_request.py)."""
         if self.dead is not None:
             raise EngineDeadError(ENGINE_STOPPED)
         arrived = self.clock() if arrival_time is None else arrival_time
         seq = Sequence(request_id, list(prompt_token_ids), params, priority, arrival_time=arrived)
-        generator = make_generator(params.seed, self.runner.device) if params.seed is not None else None
-        decode = self.tokenizer.decode
-        if params.keep_special_ids:
-            decode = functools.partial(self.tokenizer.decode_keeping, keep=frozenset(params.keep_special_ids))
-        detokenizer = IncrementalDetokenizer(decode, seq.prompt_token_ids, params.stop)
-        row = SamplingRow(params, generator, seq.output_token_ids)
-        request = _Request(seq, detokenizer, row)
-        if params.grammar is not None:
-            try:
-                row.matcher = self.grammars.matcher(params.grammar)
-            except GrammarError as exc:
-                request.refusal = f"the response format cannot be enforced: {exc}"
+        request = EngineRequest.build(seq, self.tokenizer, self.grammars, self.runner.device)
         self._num_inbox_added += 1  # before the put: counted early rather than missed
         self._inbox.put(request)
 
@@ -282,14 +253,8 @@ class EngineCore:
             request.last_token_time = now
             text, stopped = request.detokenizer.push(token_id)
             error = None
-            matcher = request.row.matcher
-            if matcher is not None and reason is None and not stopped:
-                # The grammar's state follows the token; a finished document ends the request
-                # without spending a step on the end-of-sequence token.
-                if not matcher.consume_token(token_id):
-                    reason, error = FinishReason.ERROR, f"the grammar rejected a token: {matcher.get_error()}"
-                elif matcher.is_stopped():
-                    reason = FinishReason.STOP
+            if reason is None and not stopped:
+                reason, error = request.follow_grammar(token_id)
                 if reason is not None:
                     self.scheduler.finish(seq, reason)
             if stopped:
@@ -299,18 +264,9 @@ class EngineCore:
                 text += request.detokenizer.flush()
             if reason is not None:
                 self._finished(seq, reason)
-            outputs.append(
-                RequestOutput(
-                    seq.request_id,
-                    text,
-                    [token_id],
-                    seq.num_prompt_tokens,
-                    seq.num_output_tokens,
-                    [logprob] if logprob is not None else [],
-                    reason,
-                    error,
-                )
-            )
+            new_logprobs = [logprob] if logprob is not None else []
+            counts = (seq.num_prompt_tokens, seq.num_output_tokens)
+            outputs.append(RequestOutput(seq.request_id, text, [token_id], *counts, new_logprobs, reason, error))
         if gaps:
             observer.on_token_gaps(gaps)
         return outputs
@@ -402,7 +358,7 @@ class EngineCore:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(item, _Request):
+            if isinstance(item, EngineRequest):
                 self._num_inbox_taken += 1
                 seqs.append(item.seq)
         try:
@@ -422,12 +378,11 @@ class EngineCore:
         log.info("warming up: %d sequences, prompt %d tokens", num_seqs, prompt_len)
         self.grammars.prepare()
         observer, publish = self.observer, self._publish
-        self.observer, self._publish = NULL_OBSERVER, _publish_nothing
+        self.observer, self._publish = NULL_OBSERVER, _nothing
         for i in range(num_seqs):
             params = SamplingParams(max_tokens=2, temperature=0.0 if i % 2 else 1.0, ignore_eos=True)
             seq = Sequence(f"warmup-{i}", [0] * prompt_len, params)
-            row = SamplingRow(params, None, seq.output_token_ids)
-            self._requests[seq.request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer.decode, []), row)
+            self._requests[seq.request_id] = EngineRequest.build(seq, self.tokenizer, self.grammars, self.runner.device)
             self.scheduler.add(seq)
         while self.scheduler.has_work:
             self.step()

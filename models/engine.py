@@ -253,7 +253,7 @@ class EngineCore:
             request.last_token_time = now
             text, stopped = request.detokenizer.push(token_id)
             error = None
-            if reason is None and not stopped:
+            if reason is None and not stopped and request.row.matcher is not None:
                 reason, error = request.follow_grammar(token_id)
                 if reason is not None:
                     self.scheduler.finish(seq, reason)

@@ -128,6 +128,32 @@ def test_pods_probe_drain_and_run_unprivileged(built: tuple[str, list[dict[str, 
     assert pdb["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
 
 
+def test_pods_carry_no_api_token_bound_their_scratch_space_and_pin_redis_by_digest(
+    built: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """The finding: the service-account token mounted into pods that never call the API, emptyDir
+    volumes without a sizeLimit (one pod fills the node's disk), images by a tag that can be
+    re-pushed."""
+    _, docs = built
+    for name in ("surge", "surge-redis"):
+        pod = find(docs, "Deployment", name)["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False, name
+        for volume in pod["volumes"]:
+            assert volume["emptyDir"]["sizeLimit"], (name, volume)
+    redis = find(docs, "Deployment", "surge-redis")["spec"]["template"]["spec"]["containers"][0]
+    name, _, digest = redis["image"].partition("@sha256:")
+    assert name.startswith("redis:") and len(digest) == 64 and int(digest, 16) >= 0
+
+
+def test_the_metrics_key_comes_from_an_optional_secret(built: tuple[str, list[dict[str, Any]]]) -> None:
+    """`/metrics` can need a Bearer key in the cluster without the key in the ConfigMap; without
+    the Secret the pod still starts (and /metrics is open to what the NetworkPolicy admits)."""
+    _, docs = built
+    assert "SURGE_METRICS_KEY" not in find(docs, "ConfigMap", "surge-config")["data"]
+    key = next(e for e in surge_container(docs)["env"] if e["name"] == "SURGE_METRICS_KEY")
+    assert key["valueFrom"]["secretKeyRef"] == {"name": "surge-metrics-key", "key": "key", "optional": True}
+
+
 def test_hpa_scales_on_queue_per_worker_fast_up_slow_down(built: tuple[str, list[dict[str, Any]]]) -> None:
     _, docs = built
     spec = find(docs, "HorizontalPodAutoscaler", "surge")["spec"]

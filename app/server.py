@@ -48,7 +48,11 @@ def create_app(
     """The app; its lifespan starts the engine, or adopts `spawned`, a child started before (app/cli.py)."""
     state = ServerState(settings, auth_failures=AuthFailures(settings.auth_failures_per_minute))
     if settings.redis_url:
-        state.redis = RedisBackend(settings.redis_url, timeout=settings.redis_timeout_ms / 1000)
+        state.redis = RedisBackend(
+            settings.redis_url,
+            timeout=settings.redis_timeout_ms / 1000,
+            down_after=settings.redis_down_after_failures,
+        )
     state.dedup = DedupCache(ttl=settings.dedup_ttl_seconds, redis=state.redis, scope=settings.dedup_scope)
 
     async def load() -> None:

@@ -134,6 +134,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("redis_url", str, "Redis for state shared by replicas (e.g. redis://host:6379/0); empty = in-process"),
     Option("redis_timeout_ms", int, "longest wait on Redis per decision; beyond it, fail open to in-process state"),
     Option(
+        "redis_down_after_failures",
+        int,
+        "consecutive failed Redis calls that mark it down (each failed call falls back on its own)",
+    ),
+    Option(
         "redis_connect_attempts",
         int,
         "tries to reach Redis at start-up, with exponential backoff; after the last, start on in-process state",
@@ -226,6 +231,7 @@ class Settings:
     shutdown_grace_seconds: float = 30.0
     redis_url: str = ""
     redis_timeout_ms: int = 200
+    redis_down_after_failures: int = 3
     redis_connect_attempts: int = 5
     rate_limit_rpm: int = 0
     rate_limit_tpm: int = 0
@@ -270,6 +276,8 @@ class Settings:
             raise ValueError("shutdown_delay_seconds and shutdown_grace_seconds must not be negative")
         if self.redis_timeout_ms <= 0:
             raise ValueError("redis_timeout_ms must be positive")
+        if self.redis_down_after_failures < 1:
+            raise ValueError("redis_down_after_failures must be at least 1")
         if self.redis_connect_attempts < 1:
             raise ValueError("redis_connect_attempts must be at least 1")
         if self.rate_limit_rpm < 0 or self.rate_limit_tpm < 0:

@@ -6,8 +6,10 @@ module owns the one connection pool and the health flag they share:
 
 - every call is bounded by a short timeout (plus a few turns of the event loop, see `call`), so
   a frozen or slow Redis costs a request at most that, never a hang;
-- the first failure marks Redis down (logged once, counted in `num_fallbacks`); while down,
-  calls fail at once with `RedisUnavailable` instead of waiting on a dead socket;
+- a failed call raises `RedisUnavailable` (its caller uses the fallback), and `down_after`
+  consecutive failures mark Redis down (logged once, counted in `num_fallbacks`): one late reply
+  under a burst is not an outage, a dead or frozen Redis is found within a few calls. While
+  down, calls fail at once with `RedisUnavailable` instead of waiting on a dead socket;
 - while down, one call per `probe_interval` is let through; when it succeeds Redis is up again,
   so service returns to Redis within about `probe_interval` of Redis coming back.
 
@@ -73,10 +75,15 @@ class RedisBackend:
         *,
         timeout: float = 0.05,
         probe_interval: float = 0.5,
+        down_after: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if timeout <= 0:
             raise ValueError("the Redis timeout must be positive")
+        if down_after < 1:
+            raise ValueError("down_after (consecutive failures) must be at least 1")
+        self.down_after = down_after
+        self._consecutive_failures = 0
         self.url = redacted(url)  # for the log: never the password
         self.timeout = timeout
         self.probe_interval = probe_interval
@@ -127,13 +134,17 @@ class RedisBackend:
                 raise asyncio.TimeoutError(f"no answer from redis within {self.timeout * 1000:.0f} ms")
             result = task.result()
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            if self.is_up:
+            # A refused or reset connection means the pooled ones point at a dead server; a
+            # timeout does not (a frozen Redis keeps them valid, and reopening them under a burst
+            # costs the very event-loop turns that made the reply late).
+            if self.is_up and not isinstance(exc, asyncio.TimeoutError):
                 self._drop_idle_connections()
-            self._mark_down(exc)
+            self._failed(exc)
             raise RedisUnavailable(str(exc) or type(exc).__name__) from exc
         except asyncio.CancelledError:
             task.cancel()  # the caller went away: do not leave the command running
             raise
+        self._consecutive_failures = 0
         if not self.is_up:
             self.is_up = True
             log.warning("redis at %s answers again: shared traffic state is back on Redis", self.url)
@@ -171,6 +182,7 @@ class RedisBackend:
                 attempts,
                 _describe(exc),
             )
+            self.num_failed_calls += 1
             self._mark_down(exc)
             self._warm_size = num_connections  # opened when the probe finds Redis again
             return False
@@ -221,8 +233,13 @@ class RedisBackend:
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             log.debug("could not close idle Redis connections: %r", exc)
 
-    def _mark_down(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException) -> None:
         self.num_failed_calls += 1
+        self._consecutive_failures += 1
+        if not self.is_up or self._consecutive_failures >= self.down_after:
+            self._mark_down(exc)
+
+    def _mark_down(self, exc: BaseException) -> None:
         if self.is_up:
             self.is_up = False
             self.num_fallbacks += 1

@@ -47,8 +47,9 @@ async def test_a_frozen_redis_is_still_a_timeout_bounded_by_it() -> None:
             await backend.call(lambda r: r.ping())
             redis.freeze()
             # Ended by the call's own timeout, not the socket's backstop (1 s) nor never.
-            with pytest.raises(RedisUnavailable, match="within 50 ms"):
-                await backend.call(lambda r: r.get("k"))
+            for _ in range(backend.down_after):
+                with pytest.raises(RedisUnavailable, match="within 50 ms"):
+                    await backend.call(lambda r: r.get("k"))
             assert not backend.is_up and backend.num_fallbacks == 1
             redis.thaw()
         finally:
@@ -64,14 +65,45 @@ async def test_connections_idle_when_redis_died_do_not_fail_it_again_once_it_is_
         try:
             await backend.warm(8)  # eight pooled connections, all idle
             redis.kill()
-            with pytest.raises(RedisUnavailable):  # one call finds out; seven connections stay idle
-                await backend.call(lambda r: r.ping())
+            for _ in range(backend.down_after):  # these calls find out; the other connections stay idle
+                with pytest.raises(RedisUnavailable):
+                    await backend.call(lambda r: r.ping())
+            assert not backend.is_up
             redis.start()  # same port, a new process
             await asyncio.sleep(backend.probe_interval + 0.05)
             await backend.call(lambda r: r.ping())  # the probe: Redis is up again
             for _ in range(3):  # enough concurrent calls to use every pooled connection
                 await asyncio.gather(*(backend.call(lambda r: r.ping()) for _ in range(8)))
             assert backend.is_up and backend.num_fallbacks == 1
+        finally:
+            await backend.close()
+
+
+async def test_one_late_reply_is_not_an_outage_but_consecutive_ones_are() -> None:
+    """The finding: one late reply (a burst's event-loop lag, a Redis pause) marked Redis down, so
+    every replica's next probe interval ran on its fallback share. Now each failed call falls back
+    on its own, a success clears the count, and `down_after` failures in a row mark Redis down."""
+    with RedisServer() as redis:
+        backend = RedisBackend(redis.url, timeout=0.05, down_after=3)
+        try:
+            await backend.call(lambda r: r.ping())
+            for _ in range(2):  # two late replies, then Redis answers: never down
+                redis.freeze()
+                for _ in range(backend.down_after - 1):
+                    with pytest.raises(RedisUnavailable):
+                        await backend.call(lambda r: r.get("k"))
+                redis.thaw()
+                assert await backend.call(lambda r: r.ping()) is True
+                assert backend.is_up and backend.num_fallbacks == 0
+            redis.freeze()
+            for _ in range(backend.down_after):
+                with pytest.raises(RedisUnavailable, match="within 50 ms"):
+                    await backend.call(lambda r: r.get("k"))
+            assert not backend.is_up and backend.num_fallbacks == 1
+            with pytest.raises(RedisUnavailable, match="down"):  # no wait on a frozen socket now
+                await backend.call(lambda r: r.get("k"))
+            assert backend.num_failed_calls == 2 * (backend.down_after - 1) + backend.down_after
+            redis.thaw()
         finally:
             await backend.close()
 
@@ -178,7 +210,9 @@ def test_the_redis_password_never_reaches_the_log(tiny_model_dir: Path, caplog: 
                 httpx.post(url, json=body, headers={"Idempotency-Key": "k1"}).headers["idempotent-replayed"] == "true"
             )
             redis.kill()  # the outage is logged, with the URL
-            httpx.post(url, json=body, headers={"Idempotency-Key": "k2"})
+            assert live.state.redis is not None
+            for i in range(live.state.redis.down_after):
+                httpx.post(url, json=body, headers={"Idempotency-Key": f"k{i + 2}"})
             assert live.state.redis is not None and not live.state.redis.is_up
         lines = [record.getMessage() for record in caplog.records if "redis at" in record.getMessage()]
         assert lines and all("redis://:***@127.0.0.1" in line for line in lines), lines

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
+from app.request_budget import RequestBudget
 from app.schemas import ChatCompletionRequest, CompletionRequest
 from app.settings import Settings
 from middleware.errors import invalid_request, not_found_model
@@ -81,13 +82,17 @@ def check_text_fits(engine: AsyncEngine, texts: Sequence[str], param: str) -> No
 
 def sampling_params(
     engine: AsyncEngine,
+    settings: Settings,
     request: ChatCompletionRequest | CompletionRequest,
-    prompt_len: int,
+    prompt_lens: Sequence[int],
     requested_max_tokens: int | None,
     param: str,
 ) -> list[SamplingParams]:
-    """One SamplingParams per choice, checked against the context length and the vocabulary."""
+    """One SamplingParams per choice, checked against the context length, the vocabulary and the
+    request budget (app/request_budget.py). The longest prompt decides whether max_tokens fits
+    the context (and its default, when left out)."""
     max_model_len = engine.config.scheduler.max_model_len
+    prompt_len = max(prompt_lens)
     if prompt_len == 0:
         raise invalid_request("The prompt is empty.", param=param)
     if prompt_len >= max_model_len or (
@@ -114,6 +119,16 @@ def sampling_params(
         base = request.to_sampling_params(max_tokens)
     except ValueError as exc:
         raise invalid_request(str(exc)) from exc
+    fitted = RequestBudget.of(settings, max_model_len).fit(
+        prompt_lens=prompt_lens,
+        n=request.n,
+        max_tokens=max_tokens,
+        is_explicit=requested_max_tokens is not None,
+        top_logprobs=base.logprobs,
+        param=param,
+    )
+    if fitted != max_tokens:
+        base = replace(base, max_tokens=fitted)
     if request.n == 1:
         return [base]
     # Each choice is its own sample; with a seed, choice i uses seed + i so all differ yet repeat.

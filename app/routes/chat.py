@@ -47,7 +47,7 @@ async def create_chat_completion(request: Request) -> Response:
             raise invalid_request(message, param="messages") from exc
 
     prompt = await tokenize_sized(len(await request.body()), encode)
-    choice_params = sampling_params(engine, body, len(prompt), body.requested_max_tokens, "messages")
+    choice_params = sampling_params(engine, state.settings, body, [len(prompt)], body.requested_max_tokens, "messages")
     counts = state.constrained_requests
     # Off the event loop: the first grammar reads the whole vocabulary into the grammar library.
     plan = None

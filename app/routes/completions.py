@@ -53,9 +53,8 @@ async def create_completion(request: Request) -> Response:
         return prompts
 
     prompts = await tokenize_sized(len(await request.body()), encode)
-    # The longest prompt decides whether max_tokens fits (and its default, when left out).
-    longest = max(len(ids) for ids in prompts)
-    choice_params = sampling_params(engine, body, longest, body.requested_max_tokens, "prompt")
+    prompt_lens = [len(ids) for ids in prompts]
+    choice_params = sampling_params(engine, state.settings, body, prompt_lens, body.requested_max_tokens, "prompt")
     choice_params = await constrain(engine.grammars, body.response_format, choice_params, state.constrained_requests)
     started = await start_generation(request, state, prompts, choice_params, body.priority, "completions")
     group, choice_params, headers = started.source, started.choice_params, started.headers

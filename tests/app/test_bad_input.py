@@ -27,6 +27,7 @@ KEY = "sk-catalogue"
 METER_KEY = "sk-meter"  # a caller of its own, so its tokens bucket is full when its test starts
 TPM = 600  # refills 10 tokens a second: a bad request that cost tokens would show for seconds
 MAX_MODEL_LEN = 64
+OUTPUT_BUDGET = 2000  # --max-request-output-tokens
 JSON_ERROR = "We could not parse the JSON body of your request"
 CONTEXT = "maximum context length is 64 tokens"
 
@@ -167,6 +168,13 @@ CATALOGUE = [
         endpoints=COMPLETIONS_ONLY),
     Bad("prompts-times-n", 400, "at most 256 sequences per request", None, {"prompt": ["Hi"] * 20, "n": 16},
         endpoints=COMPLETIONS_ONLY),
+    # The request budget (app/request_budget.py): 32 x 64 tokens of work, OUTPUT_BUDGET of output.
+    Bad("work-past-the-request-budget", 400, "the server allows 2048 per request", "max_tokens",
+        {"prompt": ["Hi"] * 128, "n": 2, "max_tokens": 8}, endpoints=COMPLETIONS_ONLY),
+    Bad("n-times-max-tokens-times-top-logprobs", 400, "output tokens and log probabilities", "max_tokens",
+        {"n": 16, "max_tokens": 10, "logprobs": True, "top_logprobs": 20}, endpoints=CHAT_ONLY),
+    Bad("n-times-max-tokens-times-logprobs", 400, "output tokens and log probabilities", "max_tokens",
+        {"n": 16, "max_tokens": 10, "logprobs": 20}, endpoints=COMPLETIONS_ONLY),
     # NaN and infinities, as Python's json writes them.
     Bad("temperature-nan", 400, "finite number", "temperature", raw='"temperature": NaN'),
     Bad("temperature-infinity", 400, "finite number", "temperature", raw='"temperature": Infinity'),
@@ -266,6 +274,7 @@ def live(tiny_model_dir: Path) -> Iterator[LiveServer]:
         api_key=(KEY, METER_KEY),
         rate_limit_tpm=TPM,
         dedup_ttl_seconds=0,
+        max_request_output_tokens=OUTPUT_BUDGET,
     ) as server:
         yield server
 
@@ -316,6 +325,20 @@ def test_bad_requests_cost_no_tokens(live: LiveServer, http: httpx.Client) -> No
     good = http.post(CHAT, json=BASE[CHAT], headers={"Authorization": f"Bearer {METER_KEY}"})
     assert good.status_code == 200
     assert int(good.headers["x-ratelimit-remaining-tokens"]) < TPM  # the control: a good one is charged
+
+
+def test_a_left_out_max_tokens_is_lowered_to_the_request_budget(http: httpx.Client) -> None:
+    """OpenAI's default max_tokens is the rest of the context; past the budget it is lowered to fit
+    (2000 // (16 choices x 21) = 5 tokens each), and the request runs rather than failing for a
+    number its client never sent. (The work budget's arithmetic: tests/app/test_request_budget.py;
+    this module's TPM limit is below it.)"""
+    chat = {**BASE[CHAT], "n": 16, "logprobs": True, "top_logprobs": 20, "ignore_eos": True}
+    del chat["max_tokens"]
+    response = http.post(CHAT, json=chat)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["usage"]["completion_tokens"] == 16 * (OUTPUT_BUDGET // (16 * 21))
+    assert {choice["finish_reason"] for choice in body["choices"]} == {"length"}
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import OPTIONS, Settings, parse_settings
+from app.options import OPTIONS
+from app.settings import Settings, parse_settings
 
 
 def test_defaults() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from app.settings import OPTIONS
+from app.options import OPTIONS
 from tests.k8s.conftest import K8S, OVERLAYS, find, kustomize, load_yaml
 
 HPA_METRIC = "surge_requests_in_queue_per_worker"

@@ -37,7 +37,7 @@ def install_door_layers(app: FastAPI, settings: Settings, state: ServerState, ht
             {"is_draining": lambda: state.is_shutting_down, "retry_after_seconds": RETRY_AFTER_SECONDS},
         ),
         "auth": lambda: (ApiKeyMiddleware, {**_auth_options(settings), "failures": state.auth_failures}),
-        "body_limit": lambda: (BodyLimitMiddleware, {"max_body_bytes": settings.max_body_bytes}),
+        "body_limit": lambda: (BodyLimitMiddleware, {"max_body_bytes": settings.max_body_bytes or state.body_limit}),
         "rate_limit": lambda: _rate_limit(settings, state),
         "concurrency": lambda: _concurrency(settings, state),
         "idempotency": lambda: (

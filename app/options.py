@@ -112,7 +112,11 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "header_timeout_seconds", float, "time a request's headers may take to arrive before its connection is closed"
     ),
-    Option("max_body_bytes", int, "largest accepted request body (413 beyond)"),
+    Option(
+        "max_body_bytes",
+        int,
+        "largest accepted request body (413 beyond); 0 = 16 bytes per token of --max-request-tokens, within 1-32 MiB",
+    ),
     Option("keepalive_seconds", float, "SSE keep-alive comment interval while a stream is silent"),
     Option("log_level", str, "log level", choices=("debug", "info", "warning", "error")),
     Option("log_format", str, "`json`: one JSON object per log line, with request_id", choices=("text", "json")),

@@ -26,6 +26,12 @@ from middleware.errors import invalid_request
 # Work per request by default: this many full contexts (a full-length prompt with n = 16 and a
 # batch of 128 prompts of 1,000 tokens both fit).
 DEFAULT_CONTEXTS_PER_REQUEST = 32
+# The default body limit follows from the work budget: this many bytes per token of it (a token is
+# ~4 characters of English, ~7 bytes as a JSON token id, at most ~12 as escaped JSON: \ud83d\ude00),
+# within these bounds. The JSON parse runs on the event loop: ~9 ms a megabyte.
+BODY_BYTES_PER_TOKEN = 16
+MIN_BODY_BYTES = 1024 * 1024
+MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +43,11 @@ class RequestBudget:
     def of(cls, settings: Settings, max_model_len: int) -> RequestBudget:
         tokens = settings.max_request_tokens or DEFAULT_CONTEXTS_PER_REQUEST * max_model_len
         return cls(tokens=tokens, output=settings.max_request_output_tokens)
+
+    @property
+    def body_bytes(self) -> int:
+        """The largest request body that a request within the work budget needs."""
+        return min(MAX_BODY_BYTES, max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * self.tokens))
 
     def fit(
         self,

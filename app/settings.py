@@ -53,7 +53,7 @@ class Settings:
     prefill_threads: int = _MODEL.prefill_threads
     engine_mode: str = "process" if _ENGINE.separate_process else "thread"
     engine_nice: int = _ENGINE.nice
-    max_body_bytes: int = 8 * 1024 * 1024
+    max_body_bytes: int = 0
     # Connection bounds (app/http_protocol.py): h11's default header bound, 16 KiB.
     max_connections: int = 2048
     max_header_bytes: int = 16 * 1024
@@ -100,8 +100,8 @@ class Settings:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError("port must be between 1 and 65535")
-        if self.max_body_bytes < 1024:
-            raise ValueError("max_body_bytes must be at least 1024")
+        if self.max_body_bytes != 0 and self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be 0 (derived) or at least 1024")
         if self.max_connections < 0 or self.max_header_bytes < 1024 or self.header_timeout_seconds <= 0:
             raise ValueError(
                 "max_connections must be 0 or positive, max_header_bytes at least 1024, header_timeout_seconds positive"

@@ -9,6 +9,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
+from app.request_budget import MAX_BODY_BYTES, RequestBudget
 from app.settings import Settings
 from app.tools.formats import FORMATS, ToolFormat
 from middleware.admission.admission import Admission
@@ -63,6 +64,13 @@ class ServerState:
     @property
     def is_ready(self) -> bool:
         return self.engine is not None and self.engine.is_ready and not self.is_shutting_down
+
+    def body_limit(self) -> int:
+        """The default body limit (--max-body-bytes 0): what a request within the served model's
+        work budget needs; its largest until the model has loaded (every request gets a 503 then)."""
+        if self.engine is None:
+            return MAX_BODY_BYTES
+        return RequestBudget.of(self.settings, self.engine.config.scheduler.max_model_len).body_bytes
 
     def not_ready_error(self) -> OpenAIError:
         if self.is_shutting_down:

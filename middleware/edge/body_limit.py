@@ -20,26 +20,38 @@ How, and why this way:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from middleware.errors import error_json, send_error
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
-        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 0:
+    """`max_body_bytes`: a number, or a function read per request (a limit that follows from the
+    served model, which is known only once it has loaded)."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int | Callable[[], int]) -> None:
+        if not callable(max_body_bytes) and (
+            isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 0
+        ):
             raise ValueError("max_body_bytes must be a non-negative integer")
         self.app = app
-        self.max_body_bytes = max_body_bytes
+        self._limit: Callable[[], int] = max_body_bytes if callable(max_body_bytes) else lambda: max_body_bytes
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self._limit()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
+        max_body_bytes = self._limit()
         content_length = _content_length(scope)
         if content_length is not None:
-            if content_length > self.max_body_bytes:
+            if content_length > max_body_bytes:
                 await self._reject(send)
                 return
             await self.app(scope, receive, send)
@@ -51,7 +63,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.disconnect":
                 return  # the client left mid-upload: there is nobody to answer
             body += message.get("body", b"")
-            if len(body) > self.max_body_bytes:
+            if len(body) > max_body_bytes:
                 await self._reject(send)
                 return
             if not message.get("more_body", False):

@@ -168,6 +168,23 @@ def test_oversized_body_is_413(server: LiveServer, client: openai.OpenAI) -> Non
     assert info.value.status_code == 413
 
 
+def test_the_default_body_limit_follows_the_request_budget(server: LiveServer, tiny_model_dir: Path) -> None:
+    """The finding: a fixed 8 MiB body limit whatever the model, so a 512-token server parsed
+    (on the event loop) 8 MB bodies that could never fit its context. The default is 16 bytes per
+    token of the work budget (32 x max_model_len), at least 1 MiB: here 1 MiB."""
+
+    def post(url: str, num_bytes: int) -> httpx.Response:
+        body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "x" * num_bytes}], "max_tokens": 1}
+        return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+
+    assert post(server.url, 1536 * 1024).status_code == 413
+    assert post(server.url, 900 * 1024).json()["error"]["code"] == "context_length_exceeded"
+    # A larger budget allows larger bodies: 16 x 200,000 tokens = 3.05 MiB.
+    with running_server(tiny_model_dir, max_model_len=512, max_request_tokens=200_000) as big:
+        assert post(big.url, 2 * 1024 * 1024).json()["error"]["code"] == "context_length_exceeded"
+        assert post(big.url, 4 * 1024 * 1024).status_code == 413
+
+
 def test_disconnect_mid_stream_frees_the_engine(server: LiveServer) -> None:
     body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 400, "stream": True, "ignore_eos": True}
     aborted = server.engine.core.num_aborted

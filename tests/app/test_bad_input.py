@@ -275,6 +275,9 @@ def live(tiny_model_dir: Path) -> Iterator[LiveServer]:
         rate_limit_tpm=TPM,
         dedup_ttl_seconds=0,
         max_request_output_tokens=OUTPUT_BUDGET,
+        # Above the default that a 64-token context gives (1 MiB): the bombs and the 8 MB prompt
+        # below test what happens when a deployment allows bodies that large.
+        max_body_bytes=9 * 1024 * 1024,
     ) as server:
         yield server
 

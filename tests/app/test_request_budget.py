@@ -50,3 +50,9 @@ def test_prompts_alone_past_the_work_budget_are_a_400_naming_the_prompt() -> Non
 def test_the_default_work_budget_follows_the_context_length() -> None:
     assert RequestBudget.of(Settings(), 4096).tokens == 32 * 4096
     assert RequestBudget.of(Settings(max_request_tokens=5000), 4096).tokens == 5000
+
+
+def test_the_default_body_limit_is_16_bytes_a_budget_token_within_1_to_32_mib() -> None:
+    assert RequestBudget.of(Settings(), 4096).body_bytes == 16 * 32 * 4096  # 2 MiB
+    assert RequestBudget.of(Settings(), 64).body_bytes == 1024 * 1024
+    assert RequestBudget.of(Settings(), 131_072).body_bytes == 32 * 1024 * 1024

@@ -97,7 +97,7 @@ def build_pipeline(settings: Settings, state: ServerState, engine: AsyncEngine) 
         generation.release_hold()
         sequences = [(prompt, params) for prompt in generation.prompts for params in generation.choice_params]
         try:
-            return engine.submit(sequences, priority=generation.priority)
+            return engine.submit(sequences, priority=generation.priority, share=generation.share)
         except RuntimeError as exc:
             log.warning("submit failed: %r", exc)  # the text is for the log, not the client
             raise service_unavailable("The engine is not available.", RETRY_AFTER_SECONDS) from exc

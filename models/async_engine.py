@@ -159,6 +159,7 @@ class EngineHandle(Protocol):
         params: SamplingParams,
         priority: int = 0,
         arrival_time: float | None = None,
+        share: str = "",
     ) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
     def stop(self, timeout: float = 10.0) -> None: ...
@@ -237,8 +238,10 @@ class AsyncEngine:
         sequences: Sequence[tuple[list[int], SamplingParams]],
         priority: int = 0,
         request_id: str | None = None,
+        share: str = "",
     ) -> RequestGroup:
-        """Queue one sequence per (prompt token ids, params) pair, e.g. n choices of one prompt.
+        """Queue one sequence per (prompt token ids, params) pair, e.g. n choices of one prompt;
+        `share`: whose share of the queue they take (the caller's API key: models/fair_shares.py).
 
         Use the returned group with `async with`: leaving it aborts what has not finished.
         """
@@ -249,7 +252,7 @@ class AsyncEngine:
         group = RequestGroup(self, ids)
         for sub_id, (prompt_token_ids, params) in zip(ids, sequences, strict=True):
             self._groups[sub_id] = group
-            self.core.add_request(sub_id, prompt_token_ids, params, priority)
+            self.core.add_request(sub_id, prompt_token_ids, params, priority, share=share)
         return group
 
     def abort(self, request_id: str) -> None:

@@ -99,13 +99,15 @@ class EngineCore:
         params: SamplingParams,
         priority: int = 0,
         arrival_time: float | None = None,
+        share: str = "",
     ) -> None:
-        """`arrival_time` (engine clock): when the request arrived, if earlier than now. Called
-        from any thread; a grammar is compiled here (models/engine_request.py)."""
+        """`arrival_time` (engine clock): when the request arrived, if earlier than now; `share`:
+        whose share of the queue it takes (models/fair_shares.py). Called from any thread; a
+        grammar is compiled here (models/engine_request.py)."""
         if self.dead is not None:
             raise EngineDeadError(ENGINE_STOPPED)
         arrived = self.clock() if arrival_time is None else arrival_time
-        seq = Sequence(request_id, list(prompt_token_ids), params, priority, arrival_time=arrived)
+        seq = Sequence(request_id, list(prompt_token_ids), params, priority, share=share, arrival_time=arrived)
         request = EngineRequest.build(seq, self.tokenizer, self.grammars, self.runner.device)
         self._num_inbox_added += 1  # before the put: counted early rather than missed
         self._inbox.put(request)

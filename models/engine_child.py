@@ -195,6 +195,7 @@ def _receive(requests: Connection, core: EngineCore, outbox: _Outbox) -> None:
                             request.params,
                             request.priority,
                             request.arrival_time,
+                            share=request.share,
                         )
                     except Exception as exc:  # the loop died; the server fails the request on Died
                         log.warning("request %s refused: %s", request.request_id, exc)

@@ -33,6 +33,7 @@ class NewRequest(NamedTuple):
     params: SamplingParams
     priority: int
     arrival_time: float  # time.monotonic(), one clock for both processes
+    share: str  # whose share of the queue it takes (models/fair_shares.py)
 
 
 class AddRequests(NamedTuple):

@@ -146,12 +146,13 @@ class EngineProcess:
         params: SamplingParams,
         priority: int = 0,
         arrival_time: float | None = None,
+        share: str = "",
     ) -> None:
         if self.dead is not None:
             raise EngineDeadError(ENGINE_STOPPED)
         arrived = time.monotonic() if arrival_time is None else arrival_time  # one clock for both processes
         with self._send_lock:
-            self._adds.append(NewRequest(request_id, prompt_token_ids, params, priority, arrived))
+            self._adds.append(NewRequest(request_id, prompt_token_ids, params, priority, arrived, share))
             first = len(self._adds) == 1
         if first:
             if threading.get_ident() == self._loop_thread:

@@ -21,6 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from models.config import SchedulerConfig
+from models.fair_shares import FairShares
 from models.sequence import FinishReason, Sequence, SequenceStatus
 
 
@@ -69,8 +70,10 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_ids: Collection[int] = ()) -> None:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
-        # Heap of (priority, arrival_order, seq); aborted entries are dropped lazily when they surface.
-        self._waiting: list[tuple[int, int, Sequence]] = []
+        # Heap of (priority, fair tag, arrival_order, seq); aborted entries are dropped lazily when
+        # they surface.
+        self._waiting: list[tuple[int, int, int, Sequence]] = []
+        self._shares = FairShares()
         self._waiting_ids: dict[str, Sequence] = {}
         self.num_waiting_tokens = 0  # prompt tokens of the waiting sequences
         self.running: list[Sequence] = []  # running[i].slot == i
@@ -101,7 +104,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self._waiting_ids[seq.request_id] = seq
         self.num_waiting_tokens += seq.num_prompt_tokens
-        heapq.heappush(self._waiting, (seq.priority, seq.arrival_order, seq))
+        heapq.heappush(self._waiting, (seq.priority, self._shares.tag(seq.share), seq.arrival_order, seq))
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step.
@@ -109,7 +112,7 @@ class Scheduler:
         Every running sequence that has its prompt computed decodes one token. The rest of the
         token budget (max_num_batched_tokens minus the decode rows) goes to prompt chunks:
         first to sequences already part-way through their prompt, oldest first, then to waiting
-        sequences in (priority, arrival) order while a slot is free. A prompt larger than the
+        sequences in (priority, fair share, arrival) order while a slot is free. A prompt larger than the
         budget is split across steps, and while there are decode rows no prompt takes more than
         max_prompt_chunk_while_decoding tokens of a step, so running streams keep moving while
         it is computed.
@@ -175,6 +178,7 @@ class Scheduler:
             if self._waiting_ids.get(seq.request_id) is seq:
                 del self._waiting_ids[seq.request_id]
                 self.num_waiting_tokens -= seq.num_prompt_tokens
+                self._shares.left(seq.share)
         else:
             self._release_slot(seq)
         seq.status = SequenceStatus.FINISHED
@@ -199,10 +203,11 @@ class Scheduler:
 
     def _pop_waiting(self) -> Sequence | None:
         while self._waiting:
-            _, _, seq = heapq.heappop(self._waiting)
+            _, tag, _, seq = heapq.heappop(self._waiting)
             if self._waiting_ids.get(seq.request_id) is seq:
                 del self._waiting_ids[seq.request_id]
                 self.num_waiting_tokens -= seq.num_prompt_tokens
+                self._shares.took(seq.share, tag)
                 return seq
         return None
 

@@ -34,6 +34,9 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     priority: int = 0
+    # Whose share of the queue it takes (an API key, opaque here): within a priority level the
+    # shares' sequences interleave (models/fair_shares.py). "" is one share like any other.
+    share: str = ""
     # Set by the scheduler: the order sequences reached it in, the tie-breaker within a priority level.
     arrival_order: int = 0
     # Set by the engine (its clock, seconds): for queue time, TTFT and the queue deadline.

@@ -167,6 +167,53 @@ def test_priority_admits_lower_first_and_fifo_within_a_level() -> None:
     assert admitted == ["high-1", "high-2", "mid", "mid-2", "low"]
 
 
+def _admission_order(scheduler: Scheduler) -> list[str]:
+    admitted = []
+    while scheduler.has_work:
+        out = scheduler.schedule()
+        admitted.append(out.prefills[0].seq.request_id)
+        scheduler.finish(out.prefills[0].seq, FinishReason.STOP)
+    return admitted
+
+
+def test_one_shares_burst_does_not_queue_another_share_behind_all_of_it() -> None:
+    """The finding: FIFO within a priority, so one key's burst of 200 held every other key's
+    request behind all of it. Shares now interleave: a request arriving behind a burst waits for
+    about one of the burst's sequences, not all of them; a lone share keeps arrival order."""
+    scheduler = _scheduler(max_num_seqs=1)
+    burst = [_seq(f"a{i}") for i in range(6)]
+    for seq in burst:
+        seq.share = "key:a"
+        scheduler.add(seq)
+    first = scheduler.schedule().prefills[0].seq  # a0 runs; a1..a5 wait
+    late = [_seq("b0"), _seq("b1"), _seq("c0")]
+    late[0].share = late[1].share = "key:b"
+    late[2].share = "key:c"
+    for seq in late:
+        scheduler.add(seq)
+    scheduler.finish(first, FinishReason.STOP)
+    assert _admission_order(scheduler) == ["a1", "b0", "c0", "a2", "b1", "a3", "a4", "a5"]
+    assert len(scheduler._shares) == 0  # nothing kept for shares that no longer wait
+
+    alone = _scheduler(max_num_seqs=1)
+    for i in range(5):
+        alone.add(_seq(f"s{i}"))
+    assert _admission_order(alone) == [f"s{i}" for i in range(5)]
+
+
+def test_a_share_whose_sequences_all_left_the_queue_is_forgotten() -> None:
+    scheduler = _scheduler(max_num_seqs=1)
+    scheduler.add(_seq("run"))
+    scheduler.schedule()
+    waiting = [_seq(f"w{i}") for i in range(3)]
+    for seq in waiting:
+        seq.share = "key:gone"
+        scheduler.add(seq)
+    for seq in waiting:
+        scheduler.abort(seq.request_id)
+    assert len(scheduler._shares) == 0
+
+
 def test_add_rejects_an_empty_prompt() -> None:
     scheduler = _scheduler()
     with pytest.raises(ValueError, match="at least one prompt token"):

@@ -17,6 +17,7 @@ from middleware.edge.body_limit import BodyLimitMiddleware
 from middleware.edge.draining import DrainingMiddleware
 from middleware.edge.request_id import RequestIdMiddleware
 from middleware.idempotency.asgi import IdempotencyMiddleware, build_store
+from middleware.idempotency.store import TenantQuota
 from middleware.rate_limit.asgi import RateLimitMiddleware
 from middleware.rate_limit.buckets import InProcessBuckets, RedisBuckets
 from middleware.rate_limit.concurrency import ConcurrencyMiddleware
@@ -47,6 +48,9 @@ def install_door_layers(app: FastAPI, settings: Settings, state: ServerState, ht
                     state.redis,
                     ttl_seconds=settings.idempotency_ttl_seconds,
                     lease_seconds=settings.idempotency_lease_seconds,
+                    quota=TenantQuota(
+                        settings.idempotency_max_keys_per_tenant, settings.idempotency_max_bytes_per_tenant
+                    ),
                 ),
                 "counts": state.idempotency_counts,
                 "max_stored_bytes": settings.idempotency_max_bytes,

@@ -154,6 +154,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("idempotency_ttl_seconds", float, "how long a finished response is kept for Idempotency-Key retries"),
     Option("idempotency_lease_seconds", float, "in-flight lease of an Idempotency-Key, extended while it runs"),
     Option("idempotency_max_bytes", int, "largest response stored for an Idempotency-Key; larger ones replay as a 422"),
+    Option(
+        "idempotency_max_keys_per_tenant",
+        int,
+        "Idempotency-Keys one API key keeps (running or stored); past it its own oldest go, never another's",
+    ),
+    Option(
+        "idempotency_max_bytes_per_tenant",
+        int,
+        "stored response bytes one API key keeps; past it its own oldest go (at least --idempotency-max-bytes)",
+    ),
     Option("dedup_ttl_seconds", float, "how long identical deterministic requests share a result; 0 = off"),
     Option(
         "dedup_scope", str, "who shares dedup results: key (requests of one API key) or global", choices=DEDUP_SCOPES

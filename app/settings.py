@@ -17,6 +17,7 @@ from middleware.admission.admission import AdmissionConfig
 from middleware.admission.degradation import DegradationConfig
 from middleware.dedup.cache import DEDUP_SCOPES
 from middleware.idempotency.asgi import DEFAULT_MAX_STORED_BYTES
+from middleware.idempotency.store import TenantQuota
 from middleware.keys_file import KeysFile, load_keys_file
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
 
@@ -26,6 +27,7 @@ _SCHEDULER = SchedulerConfig()
 _ENGINE = EngineConfig()
 _DEGRADATION = DegradationConfig()
 _ADMISSION = AdmissionConfig()
+_QUOTA = TenantQuota()
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,8 @@ class Settings:
     idempotency_ttl_seconds: float = 86400.0
     idempotency_lease_seconds: float = 30.0
     idempotency_max_bytes: int = DEFAULT_MAX_STORED_BYTES
+    idempotency_max_keys_per_tenant: int = _QUOTA.max_entries
+    idempotency_max_bytes_per_tenant: int = _QUOTA.max_bytes
     dedup_ttl_seconds: float = 300.0
     dedup_scope: str = "key"
     max_queued_requests: int = _ADMISSION.max_queued_requests
@@ -124,6 +128,14 @@ class Settings:
             raise ValueError("idempotency TTL and lease must be positive")
         if self.idempotency_max_bytes < 1024:
             raise ValueError("idempotency_max_bytes must be at least 1024")
+        if (
+            self.idempotency_max_keys_per_tenant < 1
+            or self.idempotency_max_bytes_per_tenant < self.idempotency_max_bytes
+        ):
+            raise ValueError(
+                "idempotency_max_keys_per_tenant must be positive and idempotency_max_bytes_per_tenant at least"
+                " idempotency_max_bytes"
+            )
         if self.dedup_ttl_seconds < 0:
             raise ValueError("dedup_ttl_seconds must be 0 (off) or positive")
         if self.max_request_tokens < 0 or self.max_request_output_tokens < 1:

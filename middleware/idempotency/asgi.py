@@ -49,6 +49,7 @@ from middleware.idempotency.store import (
     InMemoryIdempotencyStore,
     StoredResponse,
     StoreUnavailable,
+    TenantQuota,
 )
 from middleware.redis import RedisBackend
 
@@ -113,16 +114,18 @@ class IdempotencyMiddleware:
             return  # the client left mid-upload: there is nobody to answer
         api_key = scope.get("state", {}).get("api_key") or "anonymous"
         scoped_key = hashlib.sha256(f"{api_key}\0{key}".encode()).hexdigest()
+        # The quota's owner: every caller without a key is one tenant, "anonymous".
+        tenant = hashlib.sha256(f"tenant\0{api_key}".encode()).hexdigest()[:32]
         fingerprint = _fingerprint(scope["path"], body)
         owner = secrets.token_hex(16)
         try:
-            claim = await self.store.claim(scoped_key, fingerprint, owner)
+            claim = await self.store.claim(scoped_key, fingerprint, owner, tenant)
         except StoreUnavailable as exc:
             log.debug("idempotency store unavailable (%s): answering 503", exc)  # the backend logs the outage
             await _unavailable(send)
             return
         if claim.state is ClaimState.ACQUIRED:
-            await self._run_once(scope, body, receive, send, scoped_key, fingerprint, owner)
+            await self._run_once(scope, body, receive, send, _Claimed(scoped_key, fingerprint, owner, tenant))
         elif claim.state is ClaimState.COMPLETED and claim.response is not None:
             self.counts.num_replays += 1
             await _replay(send, claim.response)
@@ -133,18 +136,16 @@ class IdempotencyMiddleware:
             self.counts.num_conflicts += 1
             await _reused(send)
 
-    async def _run_once(
-        self, scope: Scope, body: bytes, receive: Receive, send: Send, key: str, fingerprint: str, owner: str
-    ) -> None:
-        recorder = _Recorder(self.store, key, fingerprint, owner, body, receive, send, self._max_stored_bytes)
-        keeper = asyncio.create_task(self._keep_leased(key, owner))
+    async def _run_once(self, scope: Scope, body: bytes, receive: Receive, send: Send, claimed: _Claimed) -> None:
+        recorder = _Recorder(self.store, claimed, body, receive, send, self._max_stored_bytes)
+        keeper = asyncio.create_task(self._keep_leased(claimed.key, claimed.owner))
         try:
             await self.app(scope, recorder.receive, recorder.send)
         finally:
             keeper.cancel()
             if not recorder.is_stored:
                 with contextlib.suppress(StoreUnavailable):  # then the lease runs out by itself
-                    await self.store.release(key, owner)
+                    await self.store.release(claimed.key, claimed.owner, claimed.tenant)
 
     async def _keep_leased(self, key: str, owner: str) -> None:
         """Extend the lease every third of it while the response is being produced."""
@@ -162,6 +163,16 @@ class IdempotencyMiddleware:
                 return
 
 
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    """A key this request holds: the store's key, the body's fingerprint, the owner token, the tenant."""
+
+    key: str
+    fingerprint: str
+    owner: str
+    tenant: str
+
+
 @dataclass(slots=True)
 class _Recorder:
     """Passes one response through to the client, keeping what is needed to store it.
@@ -171,9 +182,7 @@ class _Recorder:
     """
 
     _store: IdempotencyStore
-    _key: str
-    _fingerprint: str
-    _owner: str
+    _claimed: _Claimed
     _request_body: bytes | None  # replayed once, then None
     _receive: Receive
     _send: Send
@@ -224,7 +233,10 @@ class _Recorder:
         if self._is_too_large:
             response = _too_large_to_replay(self._max_bytes)
         try:
-            self.is_stored = await self._store.complete(self._key, self._owner, self._fingerprint, response)
+            claimed = self._claimed
+            self.is_stored = await self._store.complete(
+                claimed.key, claimed.owner, claimed.fingerprint, response, claimed.tenant
+            )
         except StoreUnavailable as exc:
             log.warning("could not store an idempotent response (%s); a retry will run again", exc)
             return
@@ -332,8 +344,10 @@ async def _unavailable(send: Send) -> None:
     await send_error(send, 503, body, headers=_retry_after())
 
 
-def build_store(redis: RedisBackend | None, *, ttl_seconds: float, lease_seconds: float) -> IdempotencyStore:
+def build_store(
+    redis: RedisBackend | None, *, ttl_seconds: float, lease_seconds: float, quota: TenantQuota | None = None
+) -> IdempotencyStore:
     """The Redis store when Redis is configured (shared by replicas), else the in-process one."""
     if redis is not None:
-        return RedisIdempotencyStore(redis, ttl_seconds=ttl_seconds, lease_seconds=lease_seconds)
-    return InMemoryIdempotencyStore(ttl_seconds=ttl_seconds, lease_seconds=lease_seconds)
+        return RedisIdempotencyStore(redis, ttl_seconds=ttl_seconds, lease_seconds=lease_seconds, quota=quota)
+    return InMemoryIdempotencyStore(ttl_seconds=ttl_seconds, lease_seconds=lease_seconds, quota=quota)

@@ -9,6 +9,10 @@ is one atomic step, so two requests can never both claim a key:
   request under the same key) in the same step;
 - `extend`, `complete` and `release` act only for the owner of a running claim.
 
+Every key belongs to a tenant (the API key's hash) with a quota of entries and bytes: past it the
+tenant's own oldest entries go, never another tenant's, so one tenant's flood of unique keys
+(cheap 4xx requests) cannot evict everyone's stored replays.
+
 Two implementations: `InMemoryIdempotencyStore` here (one process, the default) and
 `RedisIdempotencyStore` (middleware/idempotency/redis_store.py, shared by replicas). Knows nothing
 about HTTP beyond the stored response's status, headers and body bytes.
@@ -20,7 +24,7 @@ import enum
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -47,6 +51,18 @@ class ClaimState(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class TenantQuota:
+    """What one tenant may keep in the store; past it, its own oldest entries are dropped."""
+
+    max_entries: int = 10_000
+    max_bytes: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.max_entries < 1 or self.max_bytes < 1:
+            raise ValueError("a tenant's idempotency quota must be positive")
+
+
+@dataclass(frozen=True, slots=True)
 class Claim:
     state: ClaimState
     response: StoredResponse | None = None  # set when COMPLETED
@@ -55,18 +71,21 @@ class Claim:
 class IdempotencyStore(Protocol):
     ttl_seconds: float  # how long a completed response is kept
     lease_seconds: float  # how long a running claim lives unless extended
+    quota: TenantQuota  # per tenant
 
-    async def claim(self, key: str, fingerprint: str, owner: str) -> Claim: ...
+    async def claim(self, key: str, fingerprint: str, owner: str, tenant: str = "") -> Claim: ...
 
     async def extend(self, key: str, owner: str) -> bool:
         """Renew the lease; False when `owner` no longer holds the key."""
         ...
 
-    async def complete(self, key: str, owner: str, fingerprint: str, response: StoredResponse) -> bool:
+    async def complete(
+        self, key: str, owner: str, fingerprint: str, response: StoredResponse, tenant: str = ""
+    ) -> bool:
         """Store the response for the TTL; False when another owner holds the key now."""
         ...
 
-    async def release(self, key: str, owner: str) -> bool:
+    async def release(self, key: str, owner: str, tenant: str = "") -> bool:
         """Give the key up without a result, so the next request with it runs."""
         ...
 
@@ -82,6 +101,17 @@ class _Entry:
     owner: str | None  # None once completed
     expires_at: float
     response: StoredResponse | None = None
+    tenant: str = ""
+
+    @property
+    def num_bytes(self) -> int:
+        return self.response.num_bytes if self.response is not None else 0
+
+
+@dataclass(slots=True)
+class _Tenant:
+    keys: OrderedDict[str, None] = field(default_factory=OrderedDict)  # oldest write first
+    num_bytes: int = 0
 
 
 class InMemoryIdempotencyStore:
@@ -90,8 +120,8 @@ class InMemoryIdempotencyStore:
     Entries are kept in the order of their last write, so expired entries collect at the
     front and each call sweeps them off there (amortised O(1)); an expired entry found
     anywhere else is treated as absent. Past `max_entries` or `max_bytes` the oldest entries
-    go first, NOTE: even before they expire: bounded memory wins over a replay, and the
-    retry of an evicted key runs again.
+    go first, and past a tenant's quota that tenant's oldest, NOTE: even before they expire:
+    bounded memory wins over a replay, and the retry of an evicted key runs again.
     """
 
     def __init__(
@@ -101,6 +131,7 @@ class InMemoryIdempotencyStore:
         lease_seconds: float,
         max_entries: int = 100_000,
         max_bytes: int = 256 * 1024 * 1024,
+        quota: TenantQuota | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         check_durations(ttl_seconds, lease_seconds)
@@ -111,18 +142,25 @@ class InMemoryIdempotencyStore:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._clock = clock
+        self.quota = quota if quota is not None else TenantQuota()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._tenants: dict[str, _Tenant] = {}
         self.num_bytes = 0  # stored response bytes
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def claim(self, key: str, fingerprint: str, owner: str) -> Claim:
+    def tenant_usage(self, tenant: str) -> tuple[int, int]:
+        """(entries, bytes) that `tenant` holds now."""
+        held = self._tenants.get(tenant)
+        return (len(held.keys), held.num_bytes) if held is not None else (0, 0)
+
+    async def claim(self, key: str, fingerprint: str, owner: str, tenant: str = "") -> Claim:
         now = self._clock()
         self._sweep(now)
         entry = self._live(key, now)
         if entry is None:
-            self._put(key, _Entry(fingerprint, owner, now + self.lease_seconds))
+            self._put(key, _Entry(fingerprint, owner, now + self.lease_seconds, tenant=tenant))
             return Claim(ClaimState.ACQUIRED)
         if entry.fingerprint != fingerprint:
             return Claim(ClaimState.MISMATCH)
@@ -139,17 +177,19 @@ class InMemoryIdempotencyStore:
         self._entries.move_to_end(key)
         return True
 
-    async def complete(self, key: str, owner: str, fingerprint: str, response: StoredResponse) -> bool:
+    async def complete(
+        self, key: str, owner: str, fingerprint: str, response: StoredResponse, tenant: str = ""
+    ) -> bool:
         now = self._clock()
         entry = self._live(key, now)
         # A lease that ran out with nobody else claiming the key: the response is still the
         # only one produced under it, so it is stored.
         if entry is not None and entry.owner != owner:
             return False
-        self._put(key, _Entry(fingerprint, None, now + self.ttl_seconds, response))
+        self._put(key, _Entry(fingerprint, None, now + self.ttl_seconds, response, tenant))
         return True
 
-    async def release(self, key: str, owner: str) -> bool:
+    async def release(self, key: str, owner: str, tenant: str = "") -> bool:
         entry = self._live(key, self._clock())
         if entry is None or entry.owner != owner:
             return False
@@ -166,14 +206,28 @@ class InMemoryIdempotencyStore:
     def _put(self, key: str, entry: _Entry) -> None:
         self._drop(key)
         self._entries[key] = entry
-        if entry.response is not None:
-            self.num_bytes += entry.response.num_bytes
+        self.num_bytes += entry.num_bytes
+        held = self._tenants.setdefault(entry.tenant, _Tenant())
+        held.keys[key] = None
+        held.num_bytes += entry.num_bytes
+        # The tenant's own oldest first (never the entry just written), then the store's.
+        while len(held.keys) > self.quota.max_entries or held.num_bytes > self.quota.max_bytes:
+            oldest = next(iter(held.keys))
+            if oldest == key:
+                break
+            self._drop(oldest)
         self._evict_to_bounds()
 
     def _drop(self, key: str) -> None:
         entry = self._entries.pop(key, None)
-        if entry is not None and entry.response is not None:
-            self.num_bytes -= entry.response.num_bytes
+        if entry is None:
+            return
+        self.num_bytes -= entry.num_bytes
+        held = self._tenants[entry.tenant]
+        del held.keys[key]
+        held.num_bytes -= entry.num_bytes
+        if not held.keys:
+            del self._tenants[entry.tenant]
 
     def _sweep(self, now: float) -> None:
         while self._entries:

@@ -322,3 +322,41 @@ def test_a_response_too_large_to_store_replays_as_a_clear_422(tiny_model_dir: Pa
         small_key = new_key()
         small = post(live.url, chat(2), small_key)
         assert post(live.url, chat(2), small_key).content == small.content  # within the cap: replayed
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_one_tenants_unique_keys_cannot_evict_another_tenants_replays(
+    store: str, tiny_model_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    """The finding: every tenant's keys were one pool, so one tenant's cheap 4xx requests with
+    unique keys evicted everyone's stored replays. Each API key now has a quota; past it the
+    flooder loses its own oldest keys, and the other tenant's retry is still replayed."""
+    settings: dict[str, Any] = {"api_key": ("sk-victim", "sk-flooder"), "idempotency_max_keys_per_tenant": 5}
+    if store == "redis":
+        settings.update(redis_url=request.getfixturevalue("redis_server").url, redis_timeout_ms=REDIS_TIMEOUT_MS)
+
+    def send(url: str, api_key: str, body: dict[str, Any], key: str) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {api_key}", "Idempotency-Key": key}
+        return httpx.post(url + CHAT, json=body, headers=headers, timeout=30)
+
+    with running_server(tiny_model_dir, max_model_len=256, dedup_ttl_seconds=0, **settings) as live:
+        victim_key = new_key()
+        first = send(live.url, "sk-victim", chat(), victim_key)
+        assert first.status_code == 200
+        flood = [new_key() for _ in range(30)]
+        for key in flood:  # a 400 is stored too (it is the answer to that body): cheap to send
+            assert send(live.url, "sk-flooder", {"model": MODEL_NAME, "messages": []}, key).status_code == 400
+        replay = send(live.url, "sk-victim", chat(), victim_key)
+        assert replay.headers.get("idempotent-replayed") == "true"
+        assert replay.content == first.content
+        # The flooder's own: the oldest were evicted (their retries run again), the newest replay.
+        assert (
+            "idempotent-replayed"
+            not in send(live.url, "sk-flooder", {"model": MODEL_NAME, "messages": []}, flood[0]).headers
+        )
+        assert (
+            send(live.url, "sk-flooder", {"model": MODEL_NAME, "messages": []}, flood[-1]).headers[
+                "idempotent-replayed"
+            ]
+            == "true"
+        )

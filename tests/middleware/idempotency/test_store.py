@@ -7,6 +7,7 @@ store and by sleeping for Redis, whose expiry is its own.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from middleware.idempotency.store import (
     InMemoryIdempotencyStore,
     StoredResponse,
     StoreUnavailable,
+    TenantQuota,
 )
 from middleware.redis import RedisBackend
 
@@ -139,6 +141,63 @@ async def test_concurrent_claims_acquire_once(case: Case) -> None:
     states = [claim.state for claim in claims]
     assert states.count(ClaimState.ACQUIRED) == 1
     assert states.count(ClaimState.RUNNING) == 49
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def quota_case(request: pytest.FixtureRequest) -> AsyncIterator[IdempotencyStore]:
+    quota = TenantQuota(max_entries=3, max_bytes=4 * RESPONSE.num_bytes)
+    if request.param == "memory":
+        yield InMemoryIdempotencyStore(ttl_seconds=60, lease_seconds=60, quota=quota)
+        return
+    backend = RedisBackend(request.getfixturevalue("redis_url"), timeout=1.0)
+    yield RedisIdempotencyStore(backend, ttl_seconds=60, lease_seconds=60, quota=quota)
+    await backend.close()
+
+
+async def held(store: IdempotencyStore, key: str, tenant: str) -> bool:
+    """Whether `key` is still in the store: a claim finds it, or takes it (under a tenant of its
+    own, so that the probe's claim does not count against `tenant`'s quota)."""
+    probe = f"probe-{tenant}"
+    state = (await store.claim(key, "fp", "probe", probe)).state
+    if state is ClaimState.ACQUIRED:
+        await store.release(key, "probe", probe)
+    return state is not ClaimState.ACQUIRED
+
+
+async def test_one_tenants_flood_of_keys_evicts_only_its_own(quota_case: IdempotencyStore) -> None:
+    """The finding: one pool for every tenant, so one tenant's cheap requests with unique keys
+    evicted everyone's stored replays. Past its quota a tenant loses its own oldest keys."""
+    store, run = quota_case, uuid.uuid4().hex  # Redis is shared with other tests
+    victim, flooder = f"victim-{run}", f"flooder-{run}"
+    for i in range(2):
+        assert (await store.claim(f"{run}-v{i}", "fp", "o", victim)).state is ClaimState.ACQUIRED
+        assert await store.complete(f"{run}-v{i}", "o", "fp", RESPONSE, victim)
+    for i in range(20):
+        await store.claim(f"{run}-f{i}", "fp", "o", flooder)
+        await store.complete(f"{run}-f{i}", "o", "fp", RESPONSE, flooder)
+    assert [await held(store, f"{run}-v{i}", victim) for i in range(2)] == [True, True]
+    assert [await held(store, f"{run}-f{i}", flooder) for i in range(20)] == [False] * 17 + [True] * 3
+
+
+async def test_a_tenants_stored_bytes_are_bounded_by_its_quota(quota_case: IdempotencyStore) -> None:
+    store, run = quota_case, uuid.uuid4().hex
+    tenant = f"t-{run}"
+    big = StoredResponse(200, RESPONSE.headers, RESPONSE.body * 2)  # two of the four responses' bytes
+    for i in range(3):
+        await store.claim(f"{run}-{i}", "fp", "o", tenant)
+        await store.complete(f"{run}-{i}", "o", "fp", big, tenant)
+    assert [await held(store, f"{run}-{i}", tenant) for i in range(3)] == [False, True, True]
+
+
+async def test_released_claims_do_not_count_against_the_quota(quota_case: IdempotencyStore) -> None:
+    store, run = quota_case, uuid.uuid4().hex
+    tenant = f"t-{run}"
+    await store.claim(f"{run}-kept", "fp", "o", tenant)
+    await store.complete(f"{run}-kept", "o", "fp", RESPONSE, tenant)
+    for i in range(10):  # requests that failed: claimed, then released
+        await store.claim(f"{run}-r{i}", "fp", "o", tenant)
+        assert await store.release(f"{run}-r{i}", "o", tenant)
+    assert await held(store, f"{run}-kept", tenant)
 
 
 def test_memory_store_sweeps_expired_entries() -> None:

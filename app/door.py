@@ -45,7 +45,7 @@ def install_door_layers(app: FastAPI, settings: Settings, state: ServerState, ht
             IdempotencyMiddleware,
             {
                 "store": build_store(
-                    state.redis,
+                    state.redis_cache,
                     ttl_seconds=settings.idempotency_ttl_seconds,
                     lease_seconds=settings.idempotency_lease_seconds,
                     quota=TenantQuota(

@@ -229,7 +229,7 @@ class ServerCollector(Collector):
         yield counter(
             "surge_redis_fallbacks",
             "Times Redis became unreachable and shared state fell back to this process.",
-            state.redis.num_fallbacks if state.redis is not None else 0,
+            sum(backend.num_fallbacks for backend in state.redis_backends),
         )
         yield from self._gpu()
 

@@ -129,6 +129,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("shutdown_grace_seconds", float, "after the delay, the longest wait for in-flight requests"),
     # --- traffic layer: shared state -------------------------------------------------------
     Option("redis_url", str, "Redis for state shared by replicas (e.g. redis://host:6379/0); empty = in-process"),
+    Option(
+        "redis_cache_url",
+        str,
+        "Redis for idempotency keys and dedup results, entries it may evict; empty = --redis-url. A Redis of"
+        " their own keeps eviction away from the rate-limit buckets (run that one with noeviction)",
+    ),
     Option("redis_timeout_ms", int, "longest wait on Redis per decision; beyond it, fail open to in-process state"),
     Option(
         "redis_down_after_failures",

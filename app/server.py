@@ -47,19 +47,18 @@ def create_app(
 ) -> FastAPI:
     """The app; its lifespan starts the engine, or adopts `spawned`, a child started before (app/cli.py)."""
     state = ServerState(settings, auth_failures=AuthFailures(settings.auth_failures_per_minute))
-    if settings.redis_url:
-        state.redis = RedisBackend(
-            settings.redis_url,
-            timeout=settings.redis_timeout_ms / 1000,
-            down_after=settings.redis_down_after_failures,
-        )
-    state.dedup = DedupCache(ttl=settings.dedup_ttl_seconds, redis=state.redis, scope=settings.dedup_scope)
+    state.redis = _redis(settings, settings.redis_url)
+    state.redis_cache = state.redis
+    if settings.redis_cache_url and settings.redis_cache_url != settings.redis_url:
+        state.redis_cache = _redis(settings, settings.redis_cache_url)
+    backends = state.redis_backends
+    state.dedup = DedupCache(ttl=settings.dedup_ttl_seconds, redis=state.redis_cache, scope=settings.dedup_scope)
 
     async def load() -> None:
-        if state.redis is not None:
+        for backend in backends:
             # Wait for Redis a little (it may be starting beside us), then open one connection per
             # request the engine runs at once, before any burst comes.
-            await state.redis.connect(attempts=settings.redis_connect_attempts, num_connections=settings.max_num_seqs)
+            await backend.connect(attempts=settings.redis_connect_attempts, num_connections=settings.max_num_seqs)
         try:
             init = engine_process_init(settings.log_level, settings.log_format)
             engine = await AsyncEngine.start(
@@ -95,8 +94,8 @@ def create_app(
             await state.dedup.aclose()
             if state.engine is not None:
                 await asyncio.to_thread(state.engine.stop)
-            if state.redis is not None:
-                await state.redis.close()
+            for backend in backends:
+                await backend.close()
 
     # NOTE: strict_content_type=False so `curl -d '{...}'` (sent as form-encoded) still parses as
     # JSON, as it does with OpenAI and vLLM.
@@ -108,6 +107,12 @@ def create_app(
 
     install_door_layers(app, settings, state, http_metrics)
     return app
+
+
+def _redis(settings: Settings, url: str) -> RedisBackend | None:
+    if not url:
+        return None
+    return RedisBackend(url, timeout=settings.redis_timeout_ms / 1000, down_after=settings.redis_down_after_failures)
 
 
 def warn_if_open(settings: Settings) -> None:

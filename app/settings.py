@@ -66,6 +66,7 @@ class Settings:
     shutdown_delay_seconds: float = 2.0
     shutdown_grace_seconds: float = 30.0
     redis_url: str = ""
+    redis_cache_url: str = ""
     redis_timeout_ms: int = 200
     redis_down_after_failures: int = 3
     redis_connect_attempts: int = 5

@@ -34,7 +34,9 @@ RETRY_AFTER_SECONDS = 5.0
 class ServerState:
     settings: Settings
     engine: AsyncEngine | None = None
-    redis: RedisBackend | None = None  # set when --redis-url is given
+    redis: RedisBackend | None = None  # set when --redis-url is given: the rate-limit buckets
+    # Idempotency keys and dedup results: --redis-cache-url's Redis, else the same as `redis`.
+    redis_cache: RedisBackend | None = None
     rate_limits: TokenBuckets | None = None  # set when a rate limit is on
     admission: Admission | None = None  # set with the engine
     # Off (ttl 0) until create_app sets the configured one, so routes never branch on it.
@@ -55,6 +57,13 @@ class ServerState:
     pipeline: Handler | None = None
     load_error: BaseException | None = None
     is_shutting_down: bool = False
+
+    @property
+    def redis_backends(self) -> list[RedisBackend]:
+        """Each Redis connection once (the cache's is the buckets' unless --redis-cache-url differs)."""
+        if self.redis_cache is None or self.redis_cache is self.redis:
+            return [self.redis] if self.redis is not None else []
+        return [self.redis, self.redis_cache] if self.redis is not None else [self.redis_cache]
 
     @property
     def num_held(self) -> int:

@@ -25,8 +25,11 @@ from scripts.harness.service import Service
 
 
 class RedisServer(Service):
-    def __init__(self, port: int | None = None, log_path: Path | None = None, password: str = "") -> None:
-        """password: `requirepass`, which clients then send (it is in `url`)."""
+    def __init__(
+        self, port: int | None = None, log_path: Path | None = None, password: str = "", args: tuple[str, ...] = ()
+    ) -> None:
+        """password: `requirepass`, which clients then send (it is in `url`); args: more of
+        redis-server's, e.g. ("--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (scripts/ensure-redis.sh installs it with apt)")
@@ -34,6 +37,7 @@ class RedisServer(Service):
         self.port = port or free_port()
         self.log_path = log_path
         self.password = password
+        self.args = args
         self.dir = tempfile.mkdtemp(prefix="surge-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -47,6 +51,7 @@ class RedisServer(Service):
         argv += ["--dir", self.dir]
         if self.password:
             argv += ["--requirepass", self.password]
+        argv += self.args
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             argv += ["--logfile", str(self.log_path)]

@@ -86,16 +86,24 @@ def test_redis_needs_a_password_from_a_secret_and_only_surge_reaches_it(
     redis_password = next(e for e in redis["env"] if e["name"] == "REDIS_PASSWORD")
     assert redis_password["valueFrom"]["secretKeyRef"] == {"name": "surge-redis-auth", "key": "password"}
     env = [e["name"] for e in surge_container(docs)["env"]]
-    url = next(e for e in surge_container(docs)["env"] if e["name"] == "SURGE_REDIS_URL")["value"]
-    assert url == "redis://:$(REDIS_PASSWORD)@surge-redis:6379/0"
-    assert env.index("REDIS_PASSWORD") < env.index("SURGE_REDIS_URL")  # Kubernetes expands only earlier ones
+    urls = {e["name"]: e.get("value") for e in surge_container(docs)["env"]}
+    assert urls["SURGE_REDIS_URL"] == "redis://:$(REDIS_PASSWORD)@surge-redis:6379/0"
+    assert urls["SURGE_REDIS_CACHE_URL"] == "redis://:$(REDIS_PASSWORD)@surge-redis-cache:6379/0"
+    for name in ("SURGE_REDIS_URL", "SURGE_REDIS_CACHE_URL"):  # Kubernetes expands only earlier ones
+        assert env.index("REDIS_PASSWORD") < env.index(name)
+    cache = find(docs, "Deployment", "surge-redis-cache")["spec"]["template"]["spec"]["containers"][0]
+    assert cache["args"][cache["args"].index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert cache["env"] == redis["env"]
     policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
     server_labels = find(docs, "Deployment", "surge")["spec"]["selector"]["matchLabels"]
     redis_policy = policies["surge-redis"]
-    assert (
-        redis_policy["podSelector"]["matchLabels"]
-        == find(docs, "Deployment", "surge-redis")["spec"]["selector"]["matchLabels"]
-    )
+    selector = redis_policy["podSelector"]
+    for name in ("surge-redis", "surge-redis-cache"):  # the policy selects both Redis, and nothing else
+        labels = find(docs, "Deployment", name)["spec"]["selector"]["matchLabels"]
+        assert selector["matchLabels"].items() <= labels.items()
+        (expression,) = selector["matchExpressions"]
+        assert labels[expression["key"]] in expression["values"] and expression["operator"] == "In"
+    assert server_labels[expression["key"]] not in expression["values"]
     assert redis_policy["policyTypes"] == ["Ingress"]
     assert redis_policy["ingress"] == [
         {"from": [{"podSelector": {"matchLabels": server_labels}}], "ports": [{"port": 6379, "protocol": "TCP"}]}
@@ -135,14 +143,31 @@ def test_pods_carry_no_api_token_bound_their_scratch_space_and_pin_redis_by_dige
     volumes without a sizeLimit (one pod fills the node's disk), images by a tag that can be
     re-pushed."""
     _, docs = built
-    for name in ("surge", "surge-redis"):
+    for name in ("surge", "surge-redis", "surge-redis-cache"):
         pod = find(docs, "Deployment", name)["spec"]["template"]["spec"]
         assert pod["automountServiceAccountToken"] is False, name
         for volume in pod["volumes"]:
             assert volume["emptyDir"]["sizeLimit"], (name, volume)
-    redis = find(docs, "Deployment", "surge-redis")["spec"]["template"]["spec"]["containers"][0]
-    name, _, digest = redis["image"].partition("@sha256:")
-    assert name.startswith("redis:") and len(digest) == 64 and int(digest, 16) >= 0
+    for name in ("surge-redis", "surge-redis-cache"):
+        redis = find(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+        image, _, digest = redis["image"].partition("@sha256:")
+        assert image.startswith("redis:") and len(digest) == 64 and int(digest, 16) >= 0
+
+
+def test_no_memory_pressure_evicts_a_rate_limit_bucket(built: tuple[str, list[dict[str, Any]]]) -> None:
+    """The finding: one Redis under `allkeys-lru` held the buckets beside 24 h of completions, so
+    the caches' memory pressure could evict a bucket (a full one, for a caller past its limit).
+    The buckets' Redis never evicts; the caches have a Redis of their own that may."""
+    _, docs = built
+
+    def policy(name: str) -> str:
+        args = find(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--maxmemory" in args
+        return str(args[args.index("--maxmemory-policy") + 1])
+
+    assert policy("surge-redis") == "noeviction"
+    assert policy("surge-redis-cache") == "allkeys-lru"
+    assert find(docs, "Service", "surge-redis-cache")["spec"]["ports"][0]["port"] == 6379
 
 
 def test_the_metrics_key_comes_from_an_optional_secret(built: tuple[str, list[dict[str, Any]]]) -> None:

@@ -4,6 +4,7 @@ answering, and what is only the event loop being busy."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from middleware.redis import RedisBackend, RedisUnavailable, redacted
+from scripts.harness.ports import free_port
 from scripts.harness.redis_server import RedisServer
 from tests.live_server import MODEL_NAME, running_server
 
@@ -217,6 +219,70 @@ def test_the_redis_password_never_reaches_the_log(tiny_model_dir: Path, caplog: 
         lines = [record.getMessage() for record in caplog.records if "redis at" in record.getMessage()]
         assert lines and all("redis://:***@127.0.0.1" in line for line in lines), lines
         assert "s3cret-redis-pass" not in caplog.text
+    finally:
+        redis.stop()
+
+
+def test_the_cache_redis_can_evict_everything_and_no_rate_limit_bucket_goes_with_it(tiny_model_dir: Path) -> None:
+    """The finding: one Redis under `allkeys-lru` held the rate-limit buckets beside 24 h of
+    stored completions, so memory pressure from the caches could evict a bucket (a full one for
+    its caller, past its limit). With --redis-cache-url the caches live in a Redis that may evict
+    (here 8 MB, allkeys-lru, flooded) and the buckets in one that never does (noeviction)."""
+    limits = RedisServer(args=("--maxmemory", "16mb", "--maxmemory-policy", "noeviction"))
+    cache = RedisServer(args=("--maxmemory", "8mb", "--maxmemory-policy", "allkeys-lru"))
+    limits.start()
+    cache.start()
+    try:
+        settings = {"redis_url": limits.url, "redis_cache_url": cache.url, "rate_limit_rpm": 3, "dedup_ttl_seconds": 0}
+        with running_server(tiny_model_dir, max_model_len=256, **settings) as live:
+            url = f"{live.url}/v1/chat/completions"
+            body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            for i in range(3):
+                response = httpx.post(url, json=body, headers={"Idempotency-Key": f"k{i}"})
+                assert response.status_code == 200, response.text
+            import redis as redis_client
+
+            with redis_client.Redis.from_url(cache.url) as direct:
+                stored = [key.decode() for key in direct.scan_iter("surge:*")]
+                assert stored and all(key.startswith("surge:idempotency") for key in stored), stored
+                for i in range(1600):  # 16 MB into an 8 MB Redis: it evicts
+                    direct.set(f"filler:{i}", b"x" * 10_000)
+                assert int(direct.info("stats")["evicted_keys"]) > 0
+            with redis_client.Redis.from_url(limits.url) as direct:
+                buckets = [key.decode() for key in direct.scan_iter("surge:*")]
+                assert buckets and all(key.startswith("surge:ratelimit:") for key in buckets), buckets
+            over = httpx.post(url, json=body)
+            assert over.status_code == 429  # the bucket survived the cache's eviction
+    finally:
+        cache.stop()
+        limits.stop()
+
+
+def test_a_rediss_url_reaches_redis_over_tls(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`rediss://` (TLS, redis-py's) with the CA in the URL: the limits are kept in a Redis that
+    listens on TLS, with a password, and the log still shows no password."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)),
+            *("-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    tls_port = free_port()
+    tls = ("--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key))
+    redis = RedisServer(password="tls-pass", args=(*tls, "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"))
+    redis.start()  # the harness pings its plain port; surge gets only the TLS one
+    try:
+        url = f"rediss://:tls-pass@127.0.0.1:{tls_port}/0?ssl_ca_certs={cert}"
+        with running_server(tiny_model_dir, max_model_len=256, redis_url=url, rate_limit_rpm=2) as live:
+            body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            statuses = [httpx.post(f"{live.url}/v1/chat/completions", json=body).status_code for _ in range(3)]
+            assert statuses == [200, 200, 429]
+            assert live.state.redis is not None and live.state.redis.is_up and live.state.redis.num_failed_calls == 0
+            assert live.state.redis.url.startswith(f"rediss://:***@127.0.0.1:{tls_port}/0")
+        assert redis.ping()
     finally:
         redis.stop()
 

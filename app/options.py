@@ -113,6 +113,11 @@ OPTIONS: tuple[Option, ...] = (
         "header_timeout_seconds", float, "time a request's headers may take to arrive before its connection is closed"
     ),
     Option(
+        "body_timeout_seconds",
+        float,
+        "time a request's body may take to arrive after its headers before its connection is closed",
+    ),
+    Option(
         "max_body_bytes",
         int,
         "largest accepted request body (413 beyond); 0 = 16 bytes per token of --max-request-tokens, within 1-32 MiB",

@@ -150,7 +150,9 @@ def serve(settings: Settings, spawned: SpawnedEngine | None = None) -> None:
         # NOTE: typed int in uvicorn, but it only reaches asyncio.wait_for, which takes a float.
         timeout_graceful_shutdown=settings.shutdown_grace_seconds,  # type: ignore[arg-type]
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
-        http=bounded_protocol(settings.max_header_bytes, settings.header_timeout_seconds),
+        http=bounded_protocol(
+            settings.max_header_bytes, settings.header_timeout_seconds, settings.body_timeout_seconds
+        ),
         limit_concurrency=settings.max_connections or None,
     )
     server = DrainingServer(config, on_shutdown_signal=start_draining, delay_seconds=settings.shutdown_delay_seconds)

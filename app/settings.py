@@ -60,6 +60,7 @@ class Settings:
     max_connections: int = 2048
     max_header_bytes: int = 16 * 1024
     header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 30.0
     keepalive_seconds: float = 5.0
     log_level: str = "info"
     log_format: str = "text"
@@ -107,6 +108,8 @@ class Settings:
             raise ValueError("port must be between 1 and 65535")
         if self.max_body_bytes != 0 and self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be 0 (derived) or at least 1024")
+        if self.body_timeout_seconds <= 0:
+            raise ValueError("body_timeout_seconds must be positive")
         if self.max_connections < 0 or self.max_header_bytes < 1024 or self.header_timeout_seconds <= 0:
             raise ValueError(
                 "max_connections must be 0 or positive, max_header_bytes at least 1024, header_timeout_seconds positive"

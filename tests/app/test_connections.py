@@ -13,7 +13,8 @@ from scripts.harness.servers import ServerProcess, surge_argv
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    argv = surge_argv("echo", "--max-header-bytes", "4096", "--header-timeout-seconds", "2", "--max-connections", "3")
+    bounds = ("--max-header-bytes", "4096", "--header-timeout-seconds", "2", "--body-timeout-seconds", "2")
+    argv = surge_argv("echo", *bounds, "--max-connections", "3")
     process = ServerProcess("surge", argv, tmp_path_factory.mktemp("conn") / "surge.log")
     process.start()
     try:
@@ -56,6 +57,27 @@ def test_headers_that_trickle_past_the_deadline_lose_their_connection(server: Se
             time.sleep(0.2)
         assert reply(sock) == b""  # closed, never answered
     assert time.monotonic() - started < 6, "the connection was never closed"
+
+
+def test_a_body_that_trickles_past_its_deadline_loses_its_connection(server: ServerProcess) -> None:
+    """The attack: headers on time, then a body sent a byte at a time, held the connection (and
+    the request's place in the app) for as long as the client liked."""
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    with connect(server) as sock:
+        sock.sendall(head + b'{"model": ')
+        started = time.monotonic()
+        while time.monotonic() - started < 6:
+            try:
+                sock.sendall(b" ")
+            except OSError:
+                break  # closed by the server
+            time.sleep(0.2)
+        assert reply(sock) == b""  # closed, never answered
+    assert time.monotonic() - started < 6, "the connection was never closed"
+    body = b'{"model": "echo", "prompt": "hi", "max_tokens": 2}'
+    with connect(server) as sock:  # a body sent at once is not affected
+        sock.sendall(head.replace(b"1000", str(len(body)).encode()) + body)
+        assert reply(sock).startswith(b"HTTP/1.1 200")
 
 
 def test_connections_past_the_limit_get_a_503(server: ServerProcess) -> None:

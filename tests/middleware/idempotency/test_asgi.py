@@ -324,7 +324,7 @@ def test_a_response_too_large_to_store_replays_as_a_clear_422(tiny_model_dir: Pa
         assert post(live.url, chat(2), small_key).content == small.content  # within the cap: replayed
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("store", ["redis"])  # both stores' quotas: test_store.py; one server here
 def test_one_tenants_unique_keys_cannot_evict_another_tenants_replays(
     store: str, tiny_model_dir: Path, request: pytest.FixtureRequest
 ) -> None:

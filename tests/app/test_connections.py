@@ -34,6 +34,22 @@ def reply(sock: socket.socket) -> bytes:
         return b""
 
 
+def assert_trickle_is_cut_off(server: ServerProcess, start: bytes, byte: bytes) -> None:
+    """Send `start`, then `byte` every 0.2 s: the server must close the connection, unanswered,
+    within 6 s (its deadlines here are 2 s)."""
+    with connect(server) as sock:
+        sock.sendall(start)
+        started = time.monotonic()
+        while time.monotonic() - started < 6:
+            try:
+                sock.sendall(byte)
+            except OSError:
+                break  # closed by the server
+            time.sleep(0.2)
+        assert reply(sock) == b""  # closed, never answered
+    assert time.monotonic() - started < 6, "the connection was never closed"
+
+
 def test_headers_over_the_bound_are_a_400(server: ServerProcess) -> None:
     """The attack: httptools took request headers of any size (a 1 MB header was accepted)."""
     with connect(server) as sock:
@@ -46,34 +62,14 @@ def test_headers_over_the_bound_are_a_400(server: ServerProcess) -> None:
 
 def test_headers_that_trickle_past_the_deadline_lose_their_connection(server: ServerProcess) -> None:
     """The attack (slowloris): headers sent a byte at a time held a connection forever."""
-    with connect(server) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-        started = time.monotonic()
-        while time.monotonic() - started < 6:
-            try:
-                sock.sendall(b"a")
-            except OSError:
-                break  # closed by the server
-            time.sleep(0.2)
-        assert reply(sock) == b""  # closed, never answered
-    assert time.monotonic() - started < 6, "the connection was never closed"
+    assert_trickle_is_cut_off(server, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ", b"a")
 
 
 def test_a_body_that_trickles_past_its_deadline_loses_its_connection(server: ServerProcess) -> None:
     """The attack: headers on time, then a body sent a byte at a time, held the connection (and
     the request's place in the app) for as long as the client liked."""
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
-    with connect(server) as sock:
-        sock.sendall(head + b'{"model": ')
-        started = time.monotonic()
-        while time.monotonic() - started < 6:
-            try:
-                sock.sendall(b" ")
-            except OSError:
-                break  # closed by the server
-            time.sleep(0.2)
-        assert reply(sock) == b""  # closed, never answered
-    assert time.monotonic() - started < 6, "the connection was never closed"
+    assert_trickle_is_cut_off(server, head + b'{"model": ', b" ")
     body = b'{"model": "echo", "prompt": "hi", "max_tokens": 2}'
     with connect(server) as sock:  # a body sent at once is not affected
         sock.sendall(head.replace(b"1000", str(len(body)).encode()) + body)

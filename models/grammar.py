@@ -95,7 +95,7 @@ class GrammarCompiler:
             if self._tokenizer is None:
                 try:
                     self._tokenizer = llguidance.hf.from_tokenizer(
-                        self._hf,  # type: ignore[arg-type]
+                        self._hf,
                         n_vocab=self.vocab_size,
                         eos_token=self._eos or None,
                     )

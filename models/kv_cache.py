@@ -138,7 +138,7 @@ class SlotCache(Cache):
 
     @property
     def slot_layers(self) -> list[SlotLayer]:
-        return self.layers  # type: ignore[return-value]  # built from SlotLayer only
+        return self.layers  # built from SlotLayer only (transformers' types are not followed: pyproject)
 
     @property
     def scratch_pos(self) -> int:

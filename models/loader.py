@@ -87,7 +87,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         "loading weights from %s (%s) on %s as %s", path, _format_bytes(size) if size else "size unknown", device, dtype
     )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    model = model.to(device)  # type: ignore[arg-type]
+    model = model.to(device)
     model.eval()
     text_config = model.config.get_text_config()
     max_pos = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None)

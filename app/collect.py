@@ -29,6 +29,7 @@ class ChoiceResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
 
 
 async def collect(source: OutputSource) -> list[ChoiceResult]:
@@ -44,6 +45,7 @@ async def collect(source: OutputSource) -> list[ChoiceResult]:
                 result.logprobs += output.logprobs
                 result.finish_reason = output.finish_reason
                 result.num_prompt_tokens = output.num_prompt_tokens
+                result.num_cached_tokens = output.num_cached_tokens
     return results
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -32,6 +32,7 @@ from app.response_format import CONSTRAINED_KINDS
 from app.state import ServerState
 from middleware.errors import error_json
 from models.gpu import read_gpu_stats
+from models.prefix_cache import PrefixCacheStats
 from models.sequence import FinishReason
 
 log = logging.getLogger("surge.metrics")
@@ -173,6 +174,9 @@ class ServerCollector(Collector):
             "Tokens held by running sequences over the KV cache's capacity (max_num_seqs x max_model_len).",
             core.kv_usage if core is not None else 0.0,
         )
+        yield from _prefix_cache_metrics(
+            core.prefix_cache_stats if core is not None else PrefixCacheStats(), gauge, counter
+        )
         admission = state.admission
         yield gauge(
             "surge_degradation_level",
@@ -287,3 +291,30 @@ def install_metrics(app: FastAPI, state: ServerState) -> tuple[EngineMetrics, tu
         {"should_group_status_codes": False, "excluded_handlers": ["^/metrics$"], "registry": registry},
     )
     return engine_metrics, middleware
+
+
+def _prefix_cache_metrics(
+    stats: PrefixCacheStats,
+    gauge: Callable[[str, str, float], GaugeMetricFamily],
+    counter: Callable[[str, str, float], CounterMetricFamily],
+) -> Iterator[Metric]:
+    """vLLM's `prefix_cache_queries` and `prefix_cache_hits` (tokens): their ratio is the hit rate."""
+    yield counter(
+        "surge_prefix_cache_queried_tokens",
+        "Prompt tokens looked up in the prefix cache (all but the last of each admitted prompt).",
+        stats.queried_tokens,
+    )
+    yield counter(
+        "surge_prefix_cache_hit_tokens", "Prompt tokens whose K/V came from the prefix cache.", stats.hit_tokens
+    )
+    yield counter(
+        "surge_prefix_cache_evicted_blocks",
+        "Prefix-cache blocks evicted, least recently used first, to keep newer ones.",
+        stats.evicted_blocks,
+    )
+    yield gauge("surge_prefix_cache_used_bytes", "Bytes of K/V the prefix cache holds.", stats.used_bytes)
+    yield gauge(
+        "surge_prefix_cache_capacity_bytes",
+        "The prefix cache's bound in bytes (--prefix-cache-size); 0 when it is off.",
+        stats.capacity_bytes,
+    )

@@ -73,6 +73,17 @@ OPTIONS: tuple[Option, ...] = (
         " and running streams keep moving; short prompts and an idle engine are not held back; 0 = no cap",
     ),
     Option("max_model_len", int, "prompt + completion tokens per sequence; 0 = the model's own limit"),
+    Option(
+        "prefix_caching",
+        str,
+        "reuse the K/V of prompt prefixes seen before (system prompts, earlier turns); per API key",
+        choices=("on", "off"),
+    ),
+    Option(
+        "prefix_cache_size",
+        str,
+        "the prefix cache's bound: bytes (`512MiB`, `2GB`) or a share of the KV slots' full size (`50%`)",
+    ),
     Option("served_model_name", str, "model name in the API; empty = the --model value"),
     Option(
         "tool_call_parser",

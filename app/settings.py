@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from app.options import OPTIONS
+from app.sizes import parse_size
 from middleware.admission.admission import AdmissionConfig
 from middleware.admission.degradation import DegradationConfig
 from middleware.dedup.cache import DEDUP_SCOPES
@@ -43,6 +44,8 @@ class Settings:
     max_num_batched_tokens: int = _SCHEDULER.max_num_batched_tokens
     max_prompt_chunk_while_decoding: int = _SCHEDULER.max_prompt_chunk_while_decoding
     max_model_len: int = _SCHEDULER.max_model_len
+    prefix_caching: str = "on" if _SCHEDULER.prefix_caching else "off"
+    prefix_cache_size: str = f"{_SCHEDULER.prefix_cache_share:.0%}"
     served_model_name: str = ""
     tool_call_parser: str = "auto"
     chat_template: str = ""
@@ -150,6 +153,9 @@ class Settings:
             raise ValueError("auth_failures_per_minute must be 0 (off) or positive")
         if self.dedup_scope not in DEDUP_SCOPES:
             raise ValueError(f"dedup_scope must be one of {', '.join(DEDUP_SCOPES)}")
+        if self.prefix_caching not in ("on", "off"):
+            raise ValueError("prefix_caching must be on or off")
+        cache_bytes, cache_share = parse_size(self.prefix_cache_size)
         engine = EngineConfig(
             model=ModelConfig(
                 self.model,
@@ -166,6 +172,9 @@ class Settings:
                 self.max_model_len,
                 self.max_queue_seconds,
                 max_prompt_chunk_while_decoding=self.max_prompt_chunk_while_decoding,
+                prefix_caching=self.prefix_caching == "on",
+                prefix_cache_bytes=cache_bytes,
+                prefix_cache_share=cache_share,
             ),
             separate_process=self.engine_mode == "process",
             nice=self.engine_nice,

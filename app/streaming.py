@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from app.schemas import Usage
+from app.schemas import Usage, cached_tokens
 from app.sse import DONE, KEEPALIVE, LastEvents, error_event, event
 from models.outputs import OutputSource, RequestOutput
 
@@ -31,9 +31,15 @@ class ChunkRenderer(Protocol):
 
 
 async def stream_events(
-    source: OutputSource, renderer: ChunkRenderer, num_prompt_tokens: int, keepalive: float, include_usage: bool
+    source: OutputSource,
+    renderer: ChunkRenderer,
+    num_prompt_tokens: int,
+    keepalive: float,
+    include_usage: bool,
+    num_prompts: int = 1,
 ) -> AsyncIterator[bytes]:
     num_completion_tokens = 0
+    cached = [0] * len(source.request_ids)  # prompt tokens each choice reused from the prefix cache
     opening = renderer.opening(len(source.request_ids))
     last = b""
     async with source:
@@ -49,10 +55,13 @@ async def stream_events(
                     yield LastEvents(b"".join(parts) + error_event(out.error) + DONE)
                     return
                 num_completion_tokens += len(out.token_ids)
-                parts.append(renderer.render(source.index[out.request_id], out))
+                index = source.index[out.request_id]
+                cached[index] = out.num_cached_tokens
+                parts.append(renderer.render(index, out))
             if source.finished:
                 last = b"".join(parts)
             else:
                 yield b"".join(parts)
-    tail = event(renderer.usage(Usage.of(num_prompt_tokens, num_completion_tokens))) if include_usage else b""
+    usage = Usage.of(num_prompt_tokens, num_completion_tokens, cached_tokens(cached, num_prompts))
+    tail = event(renderer.usage(usage)) if include_usage else b""
     yield LastEvents(opening + last + tail + DONE)

@@ -31,6 +31,7 @@ from models.load_stats import LoadSnapshot
 from models.loader import load_model, resolve_max_model_len
 from models.observer import NULL_OBSERVER, EngineObserver
 from models.outputs import EngineDeadError, RequestOutput
+from models.prefix_cache import PrefixCacheStats
 from models.sampling_params import SamplingParams
 from models.tokenizer import Tokenizer
 
@@ -151,6 +152,8 @@ class EngineHandle(Protocol):
     def num_aborted(self) -> int: ...
     @property
     def num_steps(self) -> int: ...
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats: ...
 
     def add_request(
         self,

@@ -31,6 +31,16 @@ class SchedulerConfig:
     # decodes (an idle engine): their first tokens come first. 0 = no such cap. (vLLM's
     # `long_prefill_token_threshold` caps long prompts always, decoding or not.)
     max_prompt_chunk_while_decoding: int = 512
+    # Automatic prefix caching (models/prefix_cache.py): a prompt starts from the K/V of its
+    # longest prefix seen before, in whole blocks of this many tokens. 16 is vLLM's block size:
+    # a multi-turn history re-rendered differently from its reply still reuses all but the
+    # block where they part.
+    prefix_caching: bool = True
+    prefix_cache_block_size: int = 16
+    # The pool's bound: bytes, or (when 0) this share of the slot cache's full size
+    # (max_num_seqs x max_model_len tokens). The pool grows as blocks are kept, up to the bound.
+    prefix_cache_bytes: int = 0
+    prefix_cache_share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -41,6 +51,10 @@ class SchedulerConfig:
             raise ValueError("max_queue_seconds must be 0 (no limit) or positive")
         if self.max_prompt_chunk_while_decoding < 0:
             raise ValueError("max_prompt_chunk_while_decoding must be 0 (no cap) or positive")
+        if self.prefix_cache_block_size < 1:
+            raise ValueError("prefix_cache_block_size must be at least 1")
+        if self.prefix_cache_bytes < 0 or self.prefix_cache_share < 0:
+            raise ValueError("the prefix cache's size must not be negative")
         if self.max_num_batched_tokens <= self.max_num_seqs:
             # Every running sequence decodes one token per step; prefill needs room beyond that.
             raise ValueError("max_num_batched_tokens must be greater than max_num_seqs")

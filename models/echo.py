@@ -17,7 +17,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from models.scheduler import PrefillChunk, SlotMove
+from models.scheduler import BlockCopy, PrefillChunk, SlotMove
 from models.sequence import Sequence
 from models.tokenizer import Tokenizer
 
@@ -30,7 +30,7 @@ _CHOSEN_LOGIT = 30.0
 
 
 class EchoRunner:
-    """The `ModelRunner` interface (apply_moves, forward, device) without a model.
+    """The `ModelRunner` interface (apply_moves, apply_loads, kv_pool, forward, device) without a model.
 
     Row r of a step's logits picks token `cycle[(r + step) % len(cycle)]`: deterministic,
     different from step to step, and a slice of one prebuilt table, so a step allocates nothing.
@@ -51,8 +51,17 @@ class EchoRunner:
         table[rows, torch.tensor(self.cycle)[rows % len(self.cycle)]] = _CHOSEN_LOGIT
         self._table = table
 
-    def apply_moves(self, moves: Seq[SlotMove]) -> None:
+    def apply_moves(self, moves: Seq[SlotMove | BlockCopy]) -> None:
         """Nothing to move: the echo model keeps no per-slot state."""
+
+    def apply_loads(self, loads: Seq[BlockCopy]) -> None:
+        """Nothing to load: the echo model caches nothing."""
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        return 0  # no K/V: no prefix cache
+
+    def kv_pool(self, block_size: int, num_rows: int) -> None:
+        raise RuntimeError("the echo model keeps no K/V to cache")
 
     def forward(self, num_slots: int, chunks: Seq[PrefillChunk], decodes: Seq[Sequence]) -> torch.Tensor:
         """Logits (K, V) float32: a row per chunk that completes its prompt, then per decode."""

@@ -26,11 +26,13 @@ from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
 from models.model_runner import ModelRunner, Runner
 from models.observer import NULL_OBSERVER, EngineObserver
-from models.outputs import ENGINE_STOPPED, MODEL_FAILED, EngineDeadError, RequestOutput, TokenLogprob
+from models.outputs import ENGINE_STOPPED, MODEL_FAILED, EngineDeadError, RequestOutput, TokenLogprob, error_output
+from models.prefix_cache import PrefixCacheStats
+from models.prefix_setup import start_prefix_cache
 from models.queue_deadline import QueueDeadline
 from models.sampler import Sampler
 from models.sampling_params import SamplingParams
-from models.scheduler import Scheduler, SchedulerOutput
+from models.scheduler import Scheduler, SchedulerOutput, warmup_sequences
 from models.sequence import FinishReason, Sequence
 
 log = logging.getLogger("surge.engine")
@@ -163,6 +165,11 @@ class EngineCore:
     def num_waiting_tokens(self) -> int:
         return self.scheduler.num_waiting_tokens
 
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        cache = self.scheduler.prefix_cache
+        return cache.stats() if cache is not None else PrefixCacheStats()
+
     # --- the engine thread --------------------------------------------------------------
 
     def run(self) -> None:
@@ -170,6 +177,7 @@ class EngineCore:
         on_iteration = self._on_iteration
         try:
             self._warmup()
+            self.scheduler.prefix_cache = start_prefix_cache(self.config, self.runner)
             # Everything alive now (torch, transformers, the weights' Python objects) lives as long
             # as the process: out of the collector's sight, a full collection no longer walks
             # millions of objects in the middle of a step.
@@ -202,11 +210,13 @@ class EngineCore:
         requests' outputs. A failure fails the plan's requests, not the loop."""
         try:
             self.runner.apply_moves(plan.moves)
+            self.runner.apply_loads(plan.loads)
             if plan.is_empty:
                 return []
             token_ids, logprobs = self._execute(plan)
         except Exception:
             log.exception("forward pass failed; failing the %d requests of this step", len(plan.sequences))
+            self.scheduler.forget_prefixes()  # a copy may have failed half-way: trust no pool row
             # NOTE: the exception stays in the log: its text (paths, tensor shapes, device details)
             # is not for clients, who get this sentence in a 500 or an error event.
             return self._fail(plan.sequences, MODEL_FAILED)
@@ -267,8 +277,10 @@ class EngineCore:
             if reason is not None:
                 self._finished(seq, reason)
             new_logprobs = [logprob] if logprob is not None else []
-            counts = (seq.num_prompt_tokens, seq.num_output_tokens)
-            outputs.append(RequestOutput(seq.request_id, text, [token_id], *counts, new_logprobs, reason, error))
+            output = RequestOutput(seq.request_id, text, [token_id], seq.num_prompt_tokens, seq.num_output_tokens)
+            output.logprobs, output.finish_reason, output.error = new_logprobs, reason, error
+            output.num_cached_tokens = seq.num_cached_tokens
+            outputs.append(output)
         if gaps:
             observer.on_token_gaps(gaps)
         return outputs
@@ -279,14 +291,14 @@ class EngineCore:
         for seq in self._deadline.expired(self.clock()):
             self._finish(seq, FinishReason.REJECTED)
             message = f"the request waited more than {self.config.max_queue_seconds:g} s in the queue"
-            outputs.append(self._error_output(seq, message, FinishReason.REJECTED))
+            outputs.append(error_output(seq, message, FinishReason.REJECTED))
         return outputs
 
     def _record_plan(self, plan: SchedulerOutput) -> None:
         """Queue times of the requests this step admits, and the KV use of the batch it runs."""
         now = self.clock()
         for chunk in plan.prefills:
-            if chunk.start == 0:
+            if chunk.start == chunk.seq.num_cached_tokens:  # its first chunk: admitted this step
                 self.load_stats.record_queue_time(now - chunk.seq.arrival_time)
                 self.observer.on_admitted(now - chunk.seq.arrival_time)
         running = self.scheduler.running
@@ -308,13 +320,13 @@ class EngineCore:
                 continue
             if item.refusal is not None:
                 self._num_inbox_taken += 1
-                self._publish([self._error_output(item.seq, item.refusal)])
+                self._publish([error_output(item.seq, item.refusal)])
                 continue
             try:
                 self.scheduler.add(item.seq)
             except ValueError as exc:
                 self._num_inbox_taken += 1
-                self._publish([self._error_output(item.seq, str(exc))])
+                self._publish([error_output(item.seq, str(exc))])
                 continue
             self._num_inbox_taken += 1  # after the scheduler counts it
             self._requests[item.seq.request_id] = item
@@ -350,7 +362,7 @@ class EngineCore:
         outputs = []
         for seq in seqs:
             self._finish(seq, FinishReason.ERROR)
-            outputs.append(self._error_output(seq, message))
+            outputs.append(error_output(seq, message))
         return outputs
 
     def _fail_all(self, message: str) -> None:
@@ -368,22 +380,15 @@ class EngineCore:
         except Exception:
             log.exception("could not tell %d requests that the engine stopped", len(seqs))
 
-    @staticmethod
-    def _error_output(seq: Sequence, message: str, reason: FinishReason = FinishReason.ERROR) -> RequestOutput:
-        return RequestOutput(seq.request_id, "", [], seq.num_prompt_tokens, seq.num_output_tokens, [], reason, message)
-
     def _warmup(self) -> None:
         """Run the shapes serving will use (a batched prefill, full-width decode) through `step()`,
         before /ready; nothing of it is published, observed or counted."""
-        num_seqs = self.config.max_num_seqs
-        prompt_len = max(1, min(16, self.config.max_model_len - 3))
-        log.info("warming up: %d sequences, prompt %d tokens", num_seqs, prompt_len)
+        seqs = warmup_sequences(self.config)
+        log.info("warming up: %d sequences, prompt %d tokens", len(seqs), seqs[0].num_prompt_tokens)
         self.grammars.prepare()
         observer, publish = self.observer, self._publish
         self.observer, self._publish = NULL_OBSERVER, _nothing
-        for i in range(num_seqs):
-            params = SamplingParams(max_tokens=2, temperature=0.0 if i % 2 else 1.0, ignore_eos=True)
-            seq = Sequence(f"warmup-{i}", [0] * prompt_len, params)
+        for seq in seqs:
             self._requests[seq.request_id] = EngineRequest.build(seq, self.tokenizer, self.grammars, self.runner.device)
             self.scheduler.add(seq)
         while self.scheduler.has_work:
@@ -392,4 +397,4 @@ class EngineCore:
         self.load_stats = LoadStats(clock=self.clock)
         self.num_steps = 0
         self.observer, self._publish = observer, publish
-        log.info("warmup done: %d sequences, prompt %d tokens", num_seqs, prompt_len)
+        log.info("warmup done")

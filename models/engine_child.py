@@ -125,6 +125,7 @@ class _Outbox:
             core.num_aborted,
             core.num_steps,
             num_received,
+            core.prefix_cache_stats,
         )
         events = self.observer.events
         if not self.outputs and not events and stats == self.last_stats:

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from models.gpu import GpuStat
 from models.outputs import RequestOutput
+from models.prefix_cache import PrefixCacheStats
 from models.sampling_params import SamplingParams
 from models.sequence import FinishReason
 
@@ -64,6 +65,7 @@ class EngineStats(NamedTuple):
     num_aborted: int
     num_steps: int
     num_received: int  # requests taken off the pipe (the server counts what it sent)
+    prefix_cache: PrefixCacheStats = PrefixCacheStats()
 
 
 IDLE_STATS = EngineStats(False, 0, 0, 0, 0.0, 0, 0, 0)
@@ -99,8 +101,9 @@ class GrammarMasksEvent(NamedTuple):
 
 EngineEvent = StepEvent | AdmittedEvent | FirstTokenEvent | TokenGapsEvent | FinishEvent | GrammarMasksEvent
 
-# (request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, finish_reason, error)
-WireOutput = tuple[str, str, list[int], int, int, list[Any], str | None, str | None]
+# (request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, finish_reason, error,
+#  num_cached_tokens)
+WireOutput = tuple[str, str, list[int], int, int, list[Any], str | None, str | None, int]
 
 
 class Loaded(NamedTuple):
@@ -132,10 +135,22 @@ FromEngine = Loaded | LoadFailed | StepReport | GpuReport | Died
 
 def output_to_wire(o: RequestOutput) -> WireOutput:
     reason = o.finish_reason.value if o.finish_reason is not None else None
-    return (o.request_id, o.text, o.token_ids, o.num_prompt_tokens, o.num_output_tokens, o.logprobs, reason, o.error)
+    return (
+        o.request_id,
+        o.text,
+        o.token_ids,
+        o.num_prompt_tokens,
+        o.num_output_tokens,
+        o.logprobs,
+        reason,
+        o.error,
+        o.num_cached_tokens,
+    )
 
 
 def output_from_wire(w: WireOutput) -> RequestOutput:
-    request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, reason, error = w
+    request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, reason, error, cached = w
     finish = FinishReason(reason) if reason is not None else None
-    return RequestOutput(request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, finish, error)
+    return RequestOutput(
+        request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, finish, error, cached
+    )

@@ -56,6 +56,7 @@ from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import load_tokenizer
 from models.observer import EngineObserver
 from models.outputs import ENGINE_STOPPED, EngineDeadError, RequestOutput
+from models.prefix_cache import PrefixCacheStats
 from models.sampling_params import SamplingParams
 from models.sequence import FinishReason
 from models.tokenizer import Tokenizer
@@ -223,6 +224,10 @@ class EngineProcess:
     @property
     def num_steps(self) -> int:
         return self._stats.num_steps
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self._stats.prefix_cache
 
     def gpu_stats(self) -> list[GpuStat]:
         return self._gpu_stats  # as the engine process last read them

@@ -26,7 +26,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from models.kv_cache import ChunkRows, SlotCache, StepPlan
-from models.scheduler import PrefillChunk, SlotMove
+from models.kv_pool import KVPool
+from models.scheduler import BlockCopy, PrefillChunk, SlotMove
 from models.sequence import Sequence
 
 
@@ -35,7 +36,21 @@ class Runner(Protocol):
 
     device: torch.device
 
-    def apply_moves(self, moves: Seq[SlotMove]) -> None: ...
+    def apply_moves(self, moves: Seq[SlotMove | BlockCopy]) -> None:
+        """Slot moves and prefix-cache saves, in order."""
+        ...
+
+    def apply_loads(self, loads: Seq[BlockCopy]) -> None:
+        """Cached prefixes into their new slots."""
+        ...
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        """K/V bytes of `block_size` tokens; 0 when this runner keeps no K/V."""
+        ...
+
+    def kv_pool(self, block_size: int, num_rows: int) -> None:
+        """Set up the prefix cache's pool, at most `num_rows` blocks."""
+        ...
 
     def forward(self, num_slots: int, chunks: Seq[PrefillChunk], decodes: Seq[Sequence]) -> torch.Tensor:
         """Logits (K, V) float32: one row per chunk that completes its prompt (in chunks order),
@@ -64,6 +79,7 @@ class ModelRunner:
         self._mask_min = torch.finfo(self.dtype).min
         self._sliding_window, self._mixed_layers = _sliding_layout(config)
         self.packed = packed if packed is not None else _supports_packed(model)
+        self.pool: KVPool | None = None
         if self.device.type == "cuda":
             # cuDNN's attention builds an execution plan for every new input shape, and a decode
             # step's keys are one longer each step: on an H200 each step paid a new plan, several
@@ -75,9 +91,24 @@ class ModelRunner:
             model.set_attn_implementation(PACKED_ATTENTION)
 
     @torch.inference_mode()
-    def apply_moves(self, moves: Seq[SlotMove]) -> None:
+    def apply_moves(self, moves: Seq[SlotMove | BlockCopy]) -> None:
         for move in moves:
-            self.cache.move(move.src, move.dst, move.num_tokens)
+            if isinstance(move, SlotMove):
+                self.cache.move(move.src, move.dst, move.num_tokens)
+            elif self.pool is not None:
+                self.pool.save(move.slot, move.first_block, move.rows)
+
+    @torch.inference_mode()
+    def apply_loads(self, loads: Seq[BlockCopy]) -> None:
+        if self.pool is not None:
+            for load in loads:
+                self.pool.load(load.slot, load.rows)
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        return KVPool.block_bytes(self.cache, block_size)
+
+    def kv_pool(self, block_size: int, num_rows: int) -> None:
+        self.pool = KVPool(self.cache, block_size, num_rows)
 
     @torch.inference_mode()
     def forward(self, num_slots: int, chunks: Seq[PrefillChunk], decodes: Seq[Sequence]) -> torch.Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
-from models.sequence import FinishReason
+from models.sequence import FinishReason, Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +31,16 @@ class RequestOutput:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per new token, when asked for
     finish_reason: FinishReason | None = None
     error: str | None = None  # set with FinishReason.ERROR
+    num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def error_output(seq: Sequence, message: str, reason: FinishReason = FinishReason.ERROR) -> RequestOutput:
+    """The last output of a sequence that ends without a token: an error, or dropped unrun."""
+    return RequestOutput(seq.request_id, "", [], seq.num_prompt_tokens, seq.num_output_tokens, [], reason, message)
 
 
 class OutputSource(Protocol):

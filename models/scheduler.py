@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from models.config import SchedulerConfig
 from models.fair_shares import FairShares
+from models.prefix_cache import PrefixCache
+from models.sampling_params import SamplingParams
 from models.sequence import FinishReason, Sequence, SequenceStatus
 
 
@@ -30,6 +32,17 @@ class SlotMove:
     src: int
     dst: int
     num_tokens: int  # cache positions [0, num_tokens) hold data worth copying
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCopy:
+    """Prefix-cache blocks between a slot and the pool: the slot's blocks first_block, first_block
+    + 1, ... (block_size tokens each) and the pool rows that hold (or will hold) them. In
+    `moves` it is a save (slot to pool), in `loads` a load (pool to slot)."""
+
+    slot: int
+    first_block: int
+    rows: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +58,12 @@ class PrefillChunk:
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    moves: list[SlotMove] = field(default_factory=list)
+    # Applied before the forward pass: first `moves`, in the order they arose since the last
+    # step (a slot move fills a left sequence's hole; a BlockCopy keeps a slot's blocks in the
+    # prefix cache, before any later move overwrites that slot), then `loads`, the cached
+    # prefixes of the sequences admitted this step, into their new slots.
+    moves: list[SlotMove | BlockCopy] = field(default_factory=list)
+    loads: list[BlockCopy] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
     decodes: list[Sequence] = field(default_factory=list)
     num_slots: int = 0  # slots in use, prefilling ones included
@@ -77,8 +95,10 @@ class Scheduler:
         self._waiting_ids: dict[str, Sequence] = {}
         self.num_waiting_tokens = 0  # prompt tokens of the waiting sequences
         self.running: list[Sequence] = []  # running[i].slot == i
-        self._pending_moves: list[SlotMove] = []
+        self._pending_moves: list[SlotMove | BlockCopy] = []
         self._num_arrivals = 0
+        # Set by the engine once it knows the model's K/V size (after warmup); None: no caching.
+        self.prefix_cache: PrefixCache | None = None
 
     @property
     def num_waiting(self) -> int:
@@ -127,15 +147,19 @@ class Scheduler:
                 break
             if seq.is_prefilling:
                 budget = self._plan_chunk(out, seq, budget, chunk_cap)
+        deferred: list[tuple[int, int, int, Sequence]] = []
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
-            admitted = self._pop_waiting()
+            admitted = self._pop_waiting(deferred)
             if admitted is None:
                 break
             seq = admitted
             seq.status = SequenceStatus.RUNNING
             seq.slot = len(self.running)
             self.running.append(seq)
+            self._load_prefix(out, seq)
             budget = self._plan_chunk(out, seq, budget, chunk_cap)
+        for entry in deferred:
+            heapq.heappush(self._waiting, entry)
         out.num_slots = len(self.running)
         out.sampled = [chunk.seq for chunk in out.prefills if chunk.completes_prompt] + out.decodes
         return out
@@ -147,6 +171,8 @@ class Scheduler:
         stopped (None: it goes on)."""
         for chunk in out.prefills:
             chunk.seq.num_computed_tokens += chunk.num_tokens
+            if chunk.completes_prompt:
+                self._keep(chunk.seq)
         for seq in out.decodes:
             seq.num_computed_tokens += 1
         reasons = []
@@ -180,6 +206,8 @@ class Scheduler:
                 self.num_waiting_tokens -= seq.num_prompt_tokens
                 self._shares.left(seq.share)
         else:
+            if reason is not FinishReason.ERROR:  # after a failed step its slot is not trusted
+                self._keep(seq)
             self._release_slot(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
@@ -201,10 +229,68 @@ class Scheduler:
         out.prefills.append(chunk)
         return budget - num_tokens if chunk.completes_prompt else 0
 
-    def _pop_waiting(self) -> Sequence | None:
+    def forget_prefixes(self) -> None:
+        """Drop every cached prefix: the pool's contents can no longer be trusted."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    def _load_prefix(self, out: SchedulerOutput, seq: Sequence) -> None:
+        """Start an admitted sequence from the longest cached prefix of its prompt. At least one
+        prompt token is left to compute: its logits give the first sampled token."""
+        cache = self.prefix_cache
+        if cache is None:
+            return
+        rows = cache.match(seq.cache_scope, seq.prompt_token_ids, seq.num_prompt_tokens - 1)
+        if rows:
+            out.loads.append(BlockCopy(seq.slot, 0, rows))
+            seq.num_computed_tokens = seq.num_cached_tokens = len(rows) * cache.block_size
+
+    def _keep(self, seq: Sequence) -> None:
+        """Keep the computed tokens' whole blocks (prompt, and generated tokens at the end) in the
+        prefix cache; the copies run first thing in the next step, before the slot is reused."""
+        cache = self.prefix_cache
+        if cache is None or seq.slot < 0:
+            return
+        num_tokens = seq.num_computed_tokens
+        tokens = (
+            seq.prompt_token_ids if num_tokens <= seq.num_prompt_tokens else seq.prompt_token_ids + seq.output_token_ids
+        )
+        first, rows = cache.insert(seq.cache_scope, tokens, num_tokens)
+        if rows:
+            self._pending_moves.append(BlockCopy(seq.slot, first, rows))
+
+    def _waits_for_prefix(self, seq: Sequence) -> bool:
+        """Whether a running sequence is computing the next block of seq's prompt that the cache
+        lacks: seq then waits (a step, or a long prompt's few) and reuses it rather than compute
+        it a second time. The n choices of one prompt, or a burst sharing a system prompt."""
+        cache = self.prefix_cache
+        if cache is None:
+            return False
+        limit = seq.num_prompt_tokens - 1
+        end = cache.cached_length(seq.cache_scope, seq.prompt_token_ids, limit) + cache.block_size
+        if end > limit:
+            return False
+        head = seq.prompt_token_ids[:end]
+        for other in self.running:
+            if (
+                other.is_prefilling
+                and other.num_prompt_tokens >= end
+                and other.cache_scope == seq.cache_scope
+                and other.prompt_token_ids[:end] == head
+            ):
+                return True
+        return False
+
+    def _pop_waiting(self, deferred: list[tuple[int, int, int, Sequence]]) -> Sequence | None:
+        """The next waiting sequence to admit; those that wait for a prefix being computed go to
+        `deferred` (the caller puts them back), at most max_num_seqs of them a step."""
         while self._waiting:
-            _, tag, _, seq = heapq.heappop(self._waiting)
+            entry = heapq.heappop(self._waiting)
+            _, tag, _, seq = entry
             if self._waiting_ids.get(seq.request_id) is seq:
+                if len(deferred) < self.config.max_num_seqs and self._waits_for_prefix(seq):
+                    deferred.append(entry)
+                    continue
                 del self._waiting_ids[seq.request_id]
                 self.num_waiting_tokens -= seq.num_prompt_tokens
                 self._shares.took(seq.share, tag)
@@ -221,3 +307,17 @@ class Scheduler:
             # and a decoding one's are all computed, so num_computed_tokens bounds the copy.
             self._pending_moves.append(SlotMove(src=len(self.running), dst=hole, num_tokens=last.num_computed_tokens))
         seq.slot = -1
+
+
+def warmup_sequences(config: SchedulerConfig) -> list[Sequence]:
+    """Warmup's batch (models/engine.py): every slot, a short prompt, two tokens each, greedy and
+    sampled rows alike, so the step runs the shapes serving will use before /ready."""
+    prompt_len = max(1, min(16, config.max_model_len - 3))
+    return [
+        Sequence(
+            f"warmup-{i}",
+            [0] * prompt_len,
+            SamplingParams(max_tokens=2, temperature=0.0 if i % 2 else 1.0, ignore_eos=True),
+        )
+        for i in range(config.max_num_seqs)
+    ]

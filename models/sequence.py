@@ -43,6 +43,7 @@ class Sequence:
     arrival_time: float = 0.0
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # of the prompt, copied from the prefix cache rather than computed
     slot: int = -1
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
@@ -66,6 +67,12 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def cache_scope(self) -> str:
+        """Whose cached prefixes it may reuse (models/prefix_cache.py): an API key's prompts only
+        that key's; without keys there are no tenants to keep apart, and any prompt any."""
+        return self.share if self.share.startswith("key:") else ""
 
     @property
     def last_token_id(self) -> int:

@@ -15,7 +15,7 @@ from app.pipeline import start_generation
 from app.reasoning import prompt_opens_reasoning, split_reasoning
 from app.render import chat_finish_reason, chat_logprobs_json, tool_calls_json
 from app.response_format import constrain
-from app.schemas import ChatChunkEncoder, ChatCompletionRequest, Usage, new_chat_completion_id
+from app.schemas import ChatChunkEncoder, ChatCompletionRequest, Usage, cached_tokens, new_chat_completion_id
 from app.sse import sse_response
 from app.state import generation_inputs
 from app.streaming import stream_events
@@ -110,7 +110,9 @@ def _response_body(
         "created": created,
         "model": model,
         "choices": [_choice(i, r, engine, want_logprobs, plan, reasoning) for i, r in enumerate(results)],
-        "usage": Usage.of(num_prompt, num_completion).model_dump(),
+        "usage": Usage.of(
+            num_prompt, num_completion, cached_tokens([r.num_cached_tokens for r in results], 1)
+        ).model_dump(),
     }
 
 

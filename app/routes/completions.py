@@ -12,7 +12,7 @@ from app.collect import ChoiceResult, ClientDisconnected, collect, unless_discon
 from app.pipeline import start_generation
 from app.render import completion_logprobs_json, finish_reason_text
 from app.response_format import constrain
-from app.schemas import CompletionChunkEncoder, CompletionRequest, Usage, new_completion_id
+from app.schemas import CompletionChunkEncoder, CompletionRequest, Usage, cached_tokens, new_completion_id
 from app.sse import event, sse_response
 from app.state import generation_inputs
 from app.streaming import stream_events
@@ -71,6 +71,7 @@ async def create_completion(request: Request) -> Response:
             num_prompt,
             state.settings.keepalive_seconds,
             body.include_usage,
+            num_prompts=len(prompts),
         )
         return sse_response(
             events,
@@ -83,7 +84,9 @@ async def create_completion(request: Request) -> Response:
         return Response(status_code=499)
     want_logprobs = body.logprobs is not None and choice_params[0].logprobs is not None  # level 1 drops them
     return JSONResponse(
-        _response_body(completion_id, created, body.model, results, engine.tokenizer, num_prompt, want_logprobs),
+        _response_body(
+            completion_id, created, body.model, results, engine.tokenizer, num_prompt, len(prompts), want_logprobs
+        ),
         headers=headers,
     )
 
@@ -95,8 +98,10 @@ def _response_body(
     results: list[ChoiceResult],
     tokenizer: Tokenizer,
     num_prompt: int,
+    num_prompts: int,
     want_logprobs: bool,
 ) -> dict[str, object]:
+    cached = cached_tokens([r.num_cached_tokens for r in results], num_prompts)
     return {
         "id": completion_id,
         "object": "text_completion",
@@ -111,7 +116,7 @@ def _response_body(
             }
             for i, r in enumerate(results)
         ],
-        "usage": Usage.of(num_prompt, sum(len(r.token_ids) for r in results)).model_dump(),
+        "usage": Usage.of(num_prompt, sum(len(r.token_ids) for r in results), cached).model_dump(),
     }
 
 

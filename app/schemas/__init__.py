@@ -23,7 +23,7 @@ from app.schemas.requests import (
     StreamOptions,
     TextContentPart,
 )
-from app.schemas.responses import Usage, new_chat_completion_id, new_completion_id
+from app.schemas.responses import Usage, cached_tokens, new_chat_completion_id, new_completion_id
 
 __all__ = [
     "DEFAULT_COMPLETION_MAX_TOKENS",
@@ -39,6 +39,7 @@ __all__ = [
     "StreamOptions",
     "TextContentPart",
     "Usage",
+    "cached_tokens",
     "chat_logprob_entry",
     "completion_logprobs",
     "new_chat_completion_id",

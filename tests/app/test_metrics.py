@@ -29,6 +29,8 @@ GAUGES = [
     "surge_requests_in_queue_per_worker",
     "surge_kv_cache_usage_ratio",
     "surge_degradation_level",
+    "surge_prefix_cache_used_bytes",
+    "surge_prefix_cache_capacity_bytes",
 ]
 HISTOGRAMS = [
     "surge_time_to_first_token_seconds",
@@ -53,6 +55,9 @@ COUNTERS = [
     "surge_auth_failures_total",
     "surge_shed_requests_total",
     "surge_redis_fallbacks_total",
+    "surge_prefix_cache_queried_tokens_total",
+    "surge_prefix_cache_hit_tokens_total",
+    "surge_prefix_cache_evicted_blocks_total",
 ]
 IDLE_GAUGES = GAUGES[:4]
 
@@ -134,7 +139,11 @@ def test_token_and_finish_counters_follow_requests(live: LiveServer) -> None:
     def delta(name: str, **labels: str) -> float:
         return after.value(name, **labels) - before.value(name, **labels)
 
-    assert delta("surge_prompt_tokens_total") == reply.usage.prompt_tokens
+    # Prefilled tokens: what the prefix cache held (an earlier test sent this prompt) is not computed.
+    assert reply.usage.prompt_tokens_details is not None
+    cached = reply.usage.prompt_tokens_details.cached_tokens or 0
+    assert delta("surge_prompt_tokens_total") == reply.usage.prompt_tokens - cached
+    assert delta("surge_prefix_cache_hit_tokens_total") == cached
     assert delta("surge_generation_tokens_total") == 5
     assert delta("surge_requests_finished_total", finish_reason="length") == 1
     assert delta("surge_requests_finished_total", finish_reason="stop") == 0

@@ -253,12 +253,17 @@ def test_chat_chunks_with_usage_and_logprobs_parse_in_the_sdk() -> None:
         encoder.role(0),
         encoder.delta(0, "hi", logprobs=[entry]),
         encoder.delta(0, None, finish_reason="stop"),
-        encoder.usage(Usage.of(4, 1)),
+        encoder.usage(Usage.of(4, 1, 2)),
     ]
     bodies = [strict_loads(chunk) for chunk in chunks]
     assert [body["usage"] for body in bodies[:3]] == [None, None, None]
     assert bodies[3]["choices"] == []
-    assert bodies[3]["usage"] == {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
+    assert bodies[3]["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 1,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
     logprobs = bodies[1]["choices"][0]["logprobs"]["content"][0]
     assert logprobs == {
         "token": "hi",

@@ -29,6 +29,18 @@ def test_environment_then_flag_precedence() -> None:
     assert parse_settings(["--api-key", "c"], environ=env).api_key == ("c",)
 
 
+def test_prefix_caching_is_on_by_default_and_sized_in_bytes_or_as_a_share() -> None:
+    default = parse_settings([], environ={}).engine.scheduler
+    assert default.prefix_caching and (default.prefix_cache_bytes, default.prefix_cache_share) == (0, 1.0)
+    off = parse_settings(["--prefix-caching", "off"], environ={}).engine.scheduler
+    assert not off.prefix_caching
+    sized = parse_settings(["--prefix-cache-size", "512MiB"], environ={}).engine.scheduler
+    assert (sized.prefix_cache_bytes, sized.prefix_cache_share) == (512 * 2**20, 0.0)
+    shared = parse_settings([], environ={"SURGE_PREFIX_CACHE_SIZE": "25%"}).engine.scheduler
+    assert (shared.prefix_cache_bytes, shared.prefix_cache_share) == (0, 0.25)
+    assert parse_settings(["--prefix-cache-size", "2GB"], environ={}).engine.scheduler.prefix_cache_bytes == 2 * 10**9
+
+
 def test_settings_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         Settings().port = 1  # type: ignore[misc]
@@ -36,7 +48,14 @@ def test_settings_are_frozen() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--port", "0"], ["--max-num-seqs", "0"], ["--max-num-batched-tokens", "8", "--max-num-seqs", "8"]],
+    [
+        ["--port", "0"],
+        ["--max-num-seqs", "0"],
+        ["--max-num-batched-tokens", "8", "--max-num-seqs", "8"],
+        ["--prefix-cache-size", "lots"],
+        ["--prefix-cache-size", "12 parsecs"],
+        ["--prefix-cache-size=-5%"],
+    ],
 )
 def test_invalid_values_raise(argv: list[str]) -> None:
     with pytest.raises(ValueError):

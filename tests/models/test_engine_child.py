@@ -6,6 +6,7 @@ from typing import Any
 
 from models.engine_child import RecordingObserver, _Outbox
 from models.engine_messages import StepReport
+from models.prefix_cache import PrefixCacheStats
 
 
 class _Conn:
@@ -23,6 +24,7 @@ class _CoreWithArrivingRequest:
     is_warm = True
     num_waiting_tokens = num_running = num_aborted = num_steps = 0
     kv_usage = 0.0
+    prefix_cache_stats = PrefixCacheStats()
 
     def __init__(self, outbox_ref: list[_Outbox], num_waiting: int) -> None:
         self._outbox_ref = outbox_ref

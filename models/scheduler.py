@@ -11,7 +11,9 @@ Slots stay compact: running sequences occupy slots 0..num_running-1, so one deco
 reads one contiguous block of the KV cache. When a sequence leaves, the sequence in the last
 slot moves into the hole; the move is reported in the next `SchedulerOutput` and the model
 runner copies that slot's cache before the forward pass. Nothing else is ever recomputed or
-copied when sequences join or leave.
+copied when sequences join or leave, but the prefix cache's blocks (models/prefix_cache.py):
+copied into a new sequence's slot when it is admitted, out of a slot when its prompt is computed
+and when it ends.
 """
 
 from __future__ import annotations

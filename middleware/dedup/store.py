@@ -184,7 +184,7 @@ def _ms(seconds: float) -> int:
 
 
 # --- the serialized form --------------------------------------------------------------------
-# {"v": 1, "num_prompt_tokens": P,
+# {"v": 1, "num_prompt_tokens": P, "num_cached_tokens": C (absent in results stored before it),
 #  "deltas": [[text, [token ids], [[token id, logprob, [[alt id, logprob], ...]], ...], finish], ...]}
 
 
@@ -199,7 +199,9 @@ def encode_result(outputs: Sequence[RequestOutput]) -> bytes:
         for out in outputs
     ]
     num_prompt_tokens = outputs[0].num_prompt_tokens if outputs else 0
-    return json.dumps({"v": FORMAT_VERSION, "num_prompt_tokens": num_prompt_tokens, "deltas": deltas}).encode()
+    num_cached_tokens = outputs[-1].num_cached_tokens if outputs else 0
+    head = {"v": FORMAT_VERSION, "num_prompt_tokens": num_prompt_tokens, "num_cached_tokens": num_cached_tokens}
+    return json.dumps({**head, "deltas": deltas}).encode()
 
 
 def decode_result(payload: bytes, request_id: str) -> list[RequestOutput]:
@@ -209,6 +211,7 @@ def decode_result(payload: bytes, request_id: str) -> list[RequestOutput]:
         if data["v"] != FORMAT_VERSION:
             raise ValueError(f"dedup result format {data['v']} is not {FORMAT_VERSION}")
         num_prompt_tokens = int(data["num_prompt_tokens"])
+        num_cached_tokens = int(data.get("num_cached_tokens", 0))
         outputs, num_output_tokens = [], 0
         for text, token_ids, logprobs, finish in data["deltas"]:
             num_output_tokens += len(token_ids)
@@ -221,6 +224,7 @@ def decode_result(payload: bytes, request_id: str) -> list[RequestOutput]:
                     num_output_tokens,
                     [TokenLogprob(tid, lp, tuple((alt, alt_lp) for alt, alt_lp in top)) for tid, lp, top in logprobs],
                     None if finish is None else FinishReason(finish),
+                    num_cached_tokens=num_cached_tokens,
                 )
             )
     except (KeyError, TypeError) as exc:

@@ -38,6 +38,7 @@ def test_every_built_manifest_validates_against_the_kubernetes_schemas(built: tu
         "ConfigMap",
         "Deployment",
         "Service",
+        "Ingress",
         "PodDisruptionBudget",
         "HorizontalPodAutoscaler",
         "NetworkPolicy",
@@ -177,6 +178,23 @@ def test_the_metrics_key_comes_from_an_optional_secret(built: tuple[str, list[di
     assert "SURGE_METRICS_KEY" not in find(docs, "ConfigMap", "surge-config")["data"]
     key = next(e for e in surge_container(docs)["env"] if e["name"] == "SURGE_METRICS_KEY")
     assert key["valueFrom"]["secretKeyRef"] == {"name": "surge-metrics-key", "key": "key", "optional": True}
+
+
+def test_the_ingress_hashes_sessions_and_keys_to_few_replicas_and_streams_unbuffered(
+    built: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """The prefix cache is per replica: a conversation (X-Session-Id) or else an API key goes to
+    a subset of 3 replicas, not to any; SSE is not buffered by the proxy."""
+    _, docs = built
+    ingress = find(docs, "Ingress", "surge")
+    notes = ingress["metadata"]["annotations"]
+    prefix = "nginx.ingress.kubernetes.io/"
+    assert notes[prefix + "upstream-hash-by"] == "$http_x_session_id$http_authorization"
+    assert (notes[prefix + "upstream-hash-by-subset"], notes[prefix + "upstream-hash-by-subset-size"]) == ("true", "3")
+    assert notes[prefix + "proxy-buffering"] == "off"
+    (rule,) = ingress["spec"]["rules"]
+    (path,) = rule["http"]["paths"]
+    assert path["path"] == "/v1" and path["backend"]["service"] == {"name": "surge", "port": {"name": "http"}}
 
 
 def test_hpa_scales_on_queue_per_worker_fast_up_slow_down(built: tuple[str, list[dict[str, Any]]]) -> None:

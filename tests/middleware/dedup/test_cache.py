@@ -181,8 +181,14 @@ def test_result_serialization_round_trips() -> None:
         RequestOutput("r", "Hé", [5, 6], 3, 2, [TokenLogprob(5, -0.5, ((5, -0.5), (7, -1.25)))] * 2),
         RequestOutput("r", "", [8], 3, 3, [TokenLogprob(8, -2.0, ())], FinishReason.LENGTH),
     ]
+    for out in outputs:
+        out.num_cached_tokens = 2  # as the engine reports it on every output
     decoded = decode_result(encode_result(outputs), "r")
     assert decoded == outputs
+    # A result stored before the field existed replays as nothing cached.
+    old = json.loads(encode_result(outputs))
+    del old["num_cached_tokens"]
+    assert [out.num_cached_tokens for out in decode_result(json.dumps(old).encode(), "r")] == [0, 0]
 
 
 def test_local_results_expire_and_stay_within_their_bounds() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from models import model_runner
 from models.async_engine import AsyncEngine
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
 from models.observer import NullObserver
@@ -83,6 +84,24 @@ async def test_greedy_is_the_same_with_and_without_the_cache(
     assert cached[0] == (len(first) + 20 - 1) // BLOCK * BLOCK
     assert cached[1:] == [96, 96, 96]
     assert all(o[-1].num_cached_tokens == 0 for o in warm_off)
+
+
+async def test_the_split_step_is_exact_too(
+    tiny_model_dir: Path, engines: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Models whose attention has no SDPA form (softcapping) run a left-padded prefill and a
+    decode per step: a cached prefix joins those chunks too."""
+    monkeypatch.setattr(model_runner, "_supports_packed", lambda model: False)
+    rng = random.Random(9)
+    system = tokens(rng, 70)
+    rounds = [[system + tokens(rng, 5)], [system + tokens(rng, n) for n in (1, 12, 30)]]
+    on = await engines(tiny_model_dir, max_num_seqs=4, max_num_batched_tokens=40)
+    off = await engines(tiny_model_dir, prefix_caching=False, max_num_seqs=4, max_num_batched_tokens=40)
+    assert not on.core.runner.packed  # type: ignore[attr-defined]
+    for prompts in rounds:
+        got, want = await submit_round(on, prompts, 10), await submit_round(off, prompts, 10)
+        assert [ids(o) for o in got] == [ids(o) for o in want]
+    assert [o[-1].num_cached_tokens for o in got] == [64, 64, 64]
 
 
 async def test_a_burst_sharing_a_new_prefix_computes_it_once(tiny_model_dir: Path, engines: Callable[..., Any]) -> None:

@@ -219,9 +219,11 @@ def _read_template(path: str) -> str:
 
 def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
     for option in OPTIONS:
+        # argparse formats help with %: a literal one (`50%`) must be doubled, or --help raises.
+        text = option.help.replace("%", "%%") + f" [{option.env}]"
         if option.multiple:
             # Resolved in settings_from_namespace: a flag given on the command line replaces the env list.
-            parser.add_argument(option.flag, action="append", default=None, help=option.help + f" [{option.env}]")
+            parser.add_argument(option.flag, action="append", default=None, help=text)
             continue
         raw = environ.get(option.env)
         default = option.type(raw) if raw is not None else option.default
@@ -230,7 +232,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
             type=option.type,
             default=default,
             choices=option.choices,
-            help=option.help + f" [{option.env}]",
+            help=text,
         )
 
 

@@ -60,22 +60,36 @@ class KVPool:
         self._ensure(max(rows) + 1)
         size, n = self.block_size, len(rows)
         start = first_block * size
-        index = torch.tensor(rows, device=self.keys[0].device)
+        runs = _runs(rows)
         for layer, keys, values in zip(self.cache.slot_layers, self.keys, self.values, strict=True):
             assert layer.keys is not None and layer.values is not None
             for src, dst in ((layer.keys, keys), (layer.values, values)):
-                heads, dim = src.shape[1], src.shape[3]
-                block = src[slot, :, start : start + n * size].reshape(heads, n, size, dim)
-                dst.index_copy_(0, index, block.transpose(0, 1))
+                blocks = src[slot, :, start : start + n * size].unflatten(1, (n, size))  # (H, n, B, D), a view
+                for i, row, length in runs:
+                    dst[row : row + length].copy_(blocks[:, i : i + length].transpose(0, 1))
 
     @torch.inference_mode()
     def load(self, slot: int, rows: list[int]) -> None:
         """Copy pool `rows` into the slot's positions [0, len(rows) * block_size)."""
         size, n = self.block_size, len(rows)
         self.cache.ensure_capacity(n * size)
-        index = torch.tensor(rows, device=self.keys[0].device)
+        runs = _runs(rows)
         for layer, keys, values in zip(self.cache.slot_layers, self.keys, self.values, strict=True):
             assert layer.keys is not None and layer.values is not None
             for src, dst in ((keys, layer.keys), (values, layer.values)):
-                heads, dim = dst.shape[1], dst.shape[3]
-                dst[slot, :, : n * size] = src.index_select(0, index).transpose(0, 1).reshape(heads, n * size, dim)
+                blocks = dst[slot, :, : n * size].unflatten(1, (n, size))  # (H, n, B, D), a view
+                for i, row, length in runs:
+                    blocks[:, i : i + length].copy_(src[row : row + length].transpose(0, 1))
+
+
+def _runs(rows: list[int]) -> list[tuple[int, int, int]]:
+    """(index in rows, first row, length) of each run of consecutive rows: one slice copy each,
+    about 3x faster than one index_copy_ of them all (an `m` prompt's 62 blocks: 16 us a layer
+    against 50)."""
+    runs = []
+    begin = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i] != rows[i - 1] + 1:
+            runs.append((begin, rows[begin], i - begin))
+            begin = i
+    return runs

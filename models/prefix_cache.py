@@ -106,10 +106,11 @@ class PrefixCache:
         self._touch(chain)  # before any eviction: the chain's cached part is the newest now
         rows: list[int] = []
         parent: object = chain[-1].uid if chain else scope
+        self._evict(num_tokens // size - first - len(self._free), mine)
         for start in range(first * size, num_tokens - size + 1, size):
-            row = self._take_row(mine)
-            if row is None:
+            if not self._free:  # the pool holds only this chain: keep its start rather than cut it
                 break
+            row = self._free.pop()
             block = _Block(self._next_uid, row, (parent, tuple(tokens[start : start + size])))
             self._next_uid += 1
             self._by_key[block.key] = block
@@ -126,18 +127,22 @@ class PrefixCache:
         self._lru.clear()
         self._free = list(range(self.num_blocks - 1, -1, -1))
 
-    def _take_row(self, keep: set[int]) -> int | None:
-        if self._free:
-            return self._free.pop()
-        if not self._lru:
-            return None
-        uid, block = next(iter(self._lru.items()))
-        if uid in keep:  # the pool holds only this chain: keep its start rather than cut it
-            return None
-        del self._lru[uid]
-        del self._by_key[block.key]
-        self.evicted_blocks += 1
-        return block.row
+    def _evict(self, count: int, keep: set[int]) -> None:
+        """Free `count` rows, least recently used blocks first, never one of `keep`. The free rows
+        are handed out in ascending order, so a chain's blocks mostly lie in consecutive rows and
+        copy as one slice (models/kv_pool.py)."""
+        freed: list[int] = []
+        lru = self._lru
+        while len(freed) < count and lru:
+            uid, block = next(iter(lru.items()))
+            if uid in keep:
+                break
+            del lru[uid]
+            del self._by_key[block.key]
+            freed.append(block.row)
+        if freed:
+            self.evicted_blocks += len(freed)
+            self._free = sorted(self._free + freed, reverse=True)
 
     def _touch(self, chain: list[_Block]) -> None:
         # Last block first, so each parent ends up more recent than its children.

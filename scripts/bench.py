@@ -5,6 +5,7 @@
     .venv/bin/python -m scripts.bench --stack off,memory,redis        # the traffic stack's cost
     .venv/bin/python -m scripts.bench --systems surge,naive --rate 4 --duration 20   # plus an open loop
     .venv/bin/python -m scripts.bench --structured --concurrency 32 --rounds 3       # constrained decoding's cost
+    .venv/bin/python -m scripts.bench --workload shared-prefix,multi-turn,no-shared  # the prefix cache's worth
     make bench                                                        # the bench extra, then the full run
 
 For each concurrency B (default 1,8,32,64), one measurement after another so nothing overlaps:
@@ -20,6 +21,8 @@ For each concurrency B (default 1,8,32,64), one measurement after another so not
   and a "vs stack off" section: each mode's tokens/s and TTFT p50 over `off`'s at the same B.
 - with `--rate R`, after the closed loops: each system once more under an open loop, Poisson
   arrivals at R requests/s for `--duration` seconds (rows with load `poisson R/s`).
+With `--workload` (scripts/benchkit/prefix.py), the prefix-caching workloads instead: `surge` (the
+cache on, its default) against `surge[cache-off]`, both with the traffic stack off, plus the peers.
 Writes `--out` (markdown), the same name with `.json` (rows and every request), and, when matplotlib
 is importable, throughput.png and ttft_p99.png next to it. A progress bar runs on stderr.
 
@@ -53,14 +56,14 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from tqdm import tqdm
 
 from models.cpus import prefill_thread_count  # no torch: this process stays free of it
-from scripts.benchkit import structured
+from scripts.benchkit import llama, prefix, prefix_run, structured
 from scripts.benchkit.load import (
     DEFAULT_PROMPT_WORDS,
     LoadSpec,
@@ -269,17 +272,19 @@ def transformers_serve_installed() -> bool:
     return transformers_cli().exists() and all(importlib.util.find_spec(name) for name in modules)
 
 
-def transformers_server(model_dir: Path, concurrency: int, args: argparse.Namespace) -> BenchServer:
+def transformers_server(
+    model_dir: Path, concurrency: int, args: argparse.Namespace, seq_tokens: int = 512
+) -> BenchServer:
     """`transformers serve --continuous-batching`, with its best CPU settings.
 
     Its defaults cost about 14 s on the first request and 6-9 GB; a 1024-token batch and a small KV
     pool bring that to 0.1 s and about 0.5 GB. The pool (pages of 256 tokens) grows with the
-    concurrency so that every stream fits at once. It rejects unknown fields (no `ignore_eos`: the
+    concurrency so that every stream of `seq_tokens` fits at once. It rejects unknown fields (no `ignore_eos`: the
     tiny models rarely stop early, and tokens/s counts the tokens each stream really produced), ends
     streams without `[DONE]` and has no /ready, so readiness is GET /v1/models.
     """
     argv = [str(transformers_cli()), "serve", str(model_dir), "--device", "cpu", "--continuous-batching"]
-    argv += ["--cb-max-batch-tokens", "1024", "--cb-num-blocks", str(max(64, 2 * concurrency))]
+    argv += ["--cb-max-batch-tokens", "1024", "--cb-num-blocks", str(max(64, -(-seq_tokens // 256) * concurrency))]
     argv += ["--host", "127.0.0.1", "--port", "{port}", "--log-level", "warning"]
     # torch reads OMP_NUM_THREADS at import: the same thread count as surge's --num-threads.
     env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads)}
@@ -297,7 +302,32 @@ def naive_server(model_dir: Path, concurrency: int, args: argparse.Namespace) ->
     )
 
 
-SYSTEMS = ("surge", "transformers", "naive")
+def llama_server_problem(args: argparse.Namespace) -> str | None:
+    """Why `llama-server` cannot run (None: it can, or --build-llama-server builds it)."""
+    if args.build_llama_server:
+        return None
+    if args.llama_server is None or args.gguf is None:
+        return "needs --build-llama-server, or --llama-server PATH and --gguf PATH"
+    if not (args.llama_server.is_file() and os.access(args.llama_server, os.X_OK)):
+        return f"{args.llama_server} is not an executable file"
+    return None if args.gguf.is_file() else f"{args.gguf} is not a file"
+
+
+def llama_server(concurrency: int, args: argparse.Namespace, seq_tokens: int = 2048) -> BenchServer:
+    """llama.cpp's `llama-server` on `--gguf`: one slot per stream (`-np`), continuous batching.
+
+    NOTE: `-c` is the context of all slots together, split evenly: `seq_tokens` each. Its prefix
+    reuse (`cache_prompt`, per slot) shows in `timings`, not `prompt_tokens_details`: hit rate unknown.
+    """
+    argv = [str(args.llama_server), "-m", str(args.gguf), "-np", str(concurrency), "-c", str(concurrency * seq_tokens)]
+    argv += ["-t", str(args.threads), "-tb", str(args.prefill_threads), "--cont-batching"]
+    argv += ["--host", "127.0.0.1", "--port", "{port}"]
+    log_path = args.out.parent / f"llama-server-c{concurrency}.log"
+    extras = {"ignore_eos": True}
+    return BenchServer("llama-server", argv, args.gguf.stem, log_path, ready_path="/health", request_extras=extras)
+
+
+SYSTEMS = ("surge", "transformers", "naive", "llama-server")
 
 
 def make_server(
@@ -308,14 +338,48 @@ def make_server(
         return transformers_server(model_dir, concurrency, args)
     if system == "naive":
         return naive_server(model_dir, concurrency, args)
+    if system == "llama-server":
+        return llama_server(concurrency, args)
     return surge_server(model_dir, concurrency, args, stack)
+
+
+# The prefix workloads' two surge: the traffic stack off in both (degradation would step in at
+# different loads and cut the slower one's streams), so that what differs is the prefix cache; no
+# drain delay on SIGTERM (2 s per server, and no load balancer is listening).
+_PREFIX_ARGS = (*_STACK_OFF_ARGS, "--shutdown-delay-seconds", "0")
+PREFIX_SURGE = {
+    "surge": StackMode("cache-on", _PREFIX_ARGS, uses_idempotency_keys=False, uses_redis=False),
+    "surge[cache-off]": StackMode(
+        "cache-off", (*_PREFIX_ARGS, "--prefix-caching", "off"), uses_idempotency_keys=False, uses_redis=False
+    ),
+}
+
+
+def workload_servers(
+    system: str, model_dir: Path, spec: prefix.WorkloadSpec, args: argparse.Namespace
+) -> list[BenchServer]:
+    """The servers one `--systems` name stands for in a prefix workload (surge: both cache modes)."""
+    seq_tokens = args.prefix_tokens + spec.num_turns * (spec.max_tokens + 64) + 64  # the longest history, and room
+    if system == "surge":
+        return [
+            replace(surge_server(model_dir, spec.concurrency, args, mode), name=name)
+            for name, mode in PREFIX_SURGE.items()
+        ]
+    if system == "transformers":
+        return [transformers_server(model_dir, spec.concurrency, args, seq_tokens)]
+    if system == "llama-server":
+        return [llama_server(spec.concurrency, args, seq_tokens)]
+    return [make_server(system, model_dir, spec.concurrency, args)]
 
 
 def default_systems(args: argparse.Namespace) -> list[str]:
     """Smoke and `--stack` runs measure surge alone; a full run every system that is installed."""
+    # Skipped with a note where it cannot run.
+    llama = ["llama-server"] if args.llama_server is not None or args.build_llama_server else []
     if args.smoke or args.stack is not None:
         return ["surge"]
-    return ["surge", *(["transformers"] if transformers_serve_installed() else []), "naive"]
+    peers = ["transformers"] if transformers_serve_installed() else []
+    return ["surge", *peers, *llama] if args.workload else ["surge", *peers, "naive", *llama]
 
 
 # ---------------------------------------------------------------- load runner
@@ -477,7 +541,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model-size", choices=("s", "m", "l"), default="m")
     parser.add_argument("--model-dir", type=Path, help="use this model directory instead of building a tiny one")
     parser.add_argument("--cache-dir", type=Path, default=REPO_ROOT / ".cache" / "bench-models")
-    parser.add_argument("--concurrency", default="1,8,32,64", help="comma-separated list, e.g. 1,8,32")
+    parser.add_argument("--concurrency", help="comma-separated, e.g. 1,8,32 (default 1,8,32,64; --workload: one)")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (and for the ceiling)")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--prompt-words", type=int, default=DEFAULT_PROMPT_WORDS)
@@ -522,10 +586,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="structured outputs under load instead (scripts/benchkit/structured.py): plain against half"
         " json_schema at the largest --concurrency, and new schemas arriving while streams run",
     )
+    prefix_run.add_arguments(parser)  # --workload, --prefix-tokens
+    parser.add_argument(
+        "--llama-server", type=Path, help="an existing llama.cpp llama-server binary (system `llama-server`)"
+    )
+    parser.add_argument("--gguf", type=Path, help="the GGUF model llama-server serves")
+    parser.add_argument(
+        "--build-llama-server",
+        action="store_true",
+        help="build llama-server from the llama-cpp-python source package (once, ~13 min on 2 cores, cached"
+        " in --cache-dir/llama.cpp) and convert the model to GGUF f32 for it (scripts/benchkit/llama.py)",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.model_size, args.concurrency, args.max_tokens, args.requests_per_client = "s", "4", 8, 1
-    args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    args.concurrency_given = args.concurrency is not None
+    args.concurrency = [int(c) for c in str(args.concurrency or "1,8,32,64").split(",") if c.strip()]
+    if (problem := prefix_run.check_args(args)) is not None:
+        parser.error(problem)
     if not args.concurrency or min(args.concurrency) < 1 or args.max_tokens < 1 or args.requests_per_client < 1:
         parser.error("--concurrency, --max-tokens and --requests-per-client must be positive")
     if args.stack is not None:
@@ -542,6 +620,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if not names or unknown or len(set(names)) != len(names):
             parser.error(f"--systems takes distinct names among {', '.join(SYSTEMS)}; got {args.systems!r}")
         args.systems = names
+    args.skipped = []
+    if "llama-server" in args.systems and (problem := llama_server_problem(args)) is not None:
+        args.systems.remove("llama-server")
+        args.skipped.append(f"llama-server skipped: {problem}")
+    if not args.systems:
+        parser.error(f"no system left to run ({'; '.join(args.skipped)})")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.prefill_threads < 0:
@@ -579,6 +663,16 @@ def main(argv: list[str]) -> int:
     model_dir = args.model_dir.resolve() if args.model_dir else ensure_model(args.model_size, args.cache_dir)
     if args.structured:
         return run_structured(model_dir, args, command, machine)
+    if args.build_llama_server and "llama-server" in args.systems:
+        llama_dir = args.cache_dir / "llama.cpp"
+        args.llama_server = args.llama_server or llama.ensure_llama_server(llama_dir)
+        args.gguf = args.gguf or llama.ensure_gguf(model_dir, llama_dir)
+    if args.workload:
+
+        def servers(spec: prefix.WorkloadSpec) -> list[SystemUnderTest]:
+            return [sut for system in args.systems for sut in workload_servers(system, model_dir, spec, args)]
+
+        return prefix_run.main(model_dir, args, command, machine, servers)
     open_loop = f"; open loop: Poisson {args.rate:g} req/s for {args.duration:g} s" if args.rate else ""
     note = (
         f"Model `{model_dir.name}`; {args.max_tokens} new tokens per request, greedy, ignore_eos where the "
@@ -594,6 +688,7 @@ def main(argv: list[str]) -> int:
             if args.rounds > 1
             else ""
         )
+        + "".join(f" {line}." for line in args.skipped)
     )
     print(f"Command: {command}\nMachine: {machine}\nModel: {model_dir}\nSystems: {args.systems}", flush=True)
     runs: list[tuple[LoadSpec, str, StackMode | None, int]] = []  # every measurement, in order
@@ -632,14 +727,14 @@ def main(argv: list[str]) -> int:
             row["round"] = round_
             if stack is not None:
                 row["stack"] = stack.name
-            ceiling = ceilings.get((concurrency, round_)) if spec.rate is None else None
-            if ceiling is not None and row["tokens_per_s"]:
-                row["vs_ceiling"] = row["tokens_per_s"] / ceiling["tokens_per_s"]
+            same_round = ceilings.get((concurrency, round_)) if spec.rate is None else None
+            if same_round is not None and row["tokens_per_s"]:
+                row["vs_ceiling"] = row["tokens_per_s"] / same_round["tokens_per_s"]
             rows.append(row)
             results_by_row.append(results)
             raw.append(
                 {"system": sut.name, "concurrency": row["concurrency"], "load": row["load"], "round": round_}
-                | {"requests": [asdict(r) for r in results]}
+                | {"requests": [{k: v for k, v in asdict(r).items() if k != "text"} for r in results]}
             )
             redis_note = f", {row['redis_commands']} redis commands" if "redis_commands" in row else ""
             bar.write(

@@ -13,7 +13,7 @@ import itertools
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,9 +33,11 @@ WORD_POOL = (
 
 class SystemUnderTest(Protocol):
     name: str
-    base_url: str  # valid once start() has returned
     model_name: str  # the `model` field requests must carry
     request_extras: dict[str, Any]  # extra request-body fields it accepts (e.g. ignore_eos)
+
+    @property
+    def base_url(self) -> str: ...  # valid once start() has returned
 
     def request_headers(self) -> dict[str, str]: ...  # once per request (e.g. a fresh Idempotency-Key)
     def start(self) -> None: ...
@@ -52,6 +54,17 @@ class RequestResult:
     itl_s: list[float] = field(default_factory=list)  # gaps between content chunks
     prompt_tokens: int | None = None
     completion_tokens: int = 0
+    cached_tokens: int | None = None  # None: the server did not report prompt_tokens_details
+    # The reply, for callers that send it back (a conversation's next turn); not in the JSON report.
+    text: str = field(default="", repr=False, metadata={"report": False})
+
+
+def cached_tokens(usage: dict[str, Any] | None) -> int | None:
+    """usage.prompt_tokens_details.cached_tokens, or None when the server does not report it."""
+    details = (usage or {}).get("prompt_tokens_details")
+    if not isinstance(details, dict) or details.get("cached_tokens") is None:
+        return None
+    return int(details["cached_tokens"])
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,7 @@ async def stream_chat(
 ) -> RequestResult:
     result = RequestResult()
     content_times: list[float] = []
+    parts: list[str] = []
     finish_reason, usage = None, None
     start = time.perf_counter()
     try:
@@ -105,20 +119,22 @@ async def stream_chat(
                     return RequestResult(error=f"stream error: {event['error']}")
                 usage = event.get("usage") or usage
                 for choice in event.get("choices") or ():
-                    if (choice.get("delta") or {}).get("content"):
+                    if content := (choice.get("delta") or {}).get("content"):
                         content_times.append(time.perf_counter())
+                        parts.append(content)
                     finish_reason = choice.get("finish_reason") or finish_reason
     except StatusError as exc:
         return RequestResult(error=str(exc))
     except (RawHttpError, json.JSONDecodeError, TimeoutError) as exc:
         return RequestResult(error=f"{type(exc).__name__}: {exc}")
-    result.e2e_s = time.perf_counter() - start
+    result.e2e_s, result.text = time.perf_counter() - start, "".join(parts)
     if not content_times or finish_reason is None:
         result.error = f"incomplete stream: {len(content_times)} content chunks, finish_reason={finish_reason}"
         return result
     result.ttft_s = content_times[0] - start
     result.itl_s = [b - a for a, b in itertools.pairwise(content_times)]
     result.prompt_tokens = usage.get("prompt_tokens") if usage else None
+    result.cached_tokens = cached_tokens(usage)
     result.completion_tokens = int(usage["completion_tokens"]) if usage else len(content_times)
     return result
 
@@ -131,7 +147,7 @@ def make_prompts(spec: LoadSpec, count: int) -> list[str]:
 
 def arrival_times(rate: float, duration_s: float, seed: int) -> list[float]:
     """Poisson arrivals: exponential gaps with mean 1/rate, offsets in [0, duration_s)."""
-    rng, times, t = random.Random(seed), [], 0.0
+    rng, times, t = random.Random(seed), list[float](), 0.0
     while True:
         t += rng.expovariate(rate)
         if t >= duration_s:
@@ -186,11 +202,18 @@ async def run_load(
     return results, wall_s, cpu_s
 
 
-def summarize(results: list[RequestResult], wall_s: float) -> dict[str, Any]:
+class Counted(Protocol):
+    error: str | None
+    prompt_tokens: int | None
+    completion_tokens: int
+
+
+def count(results: Sequence[Counted], wall_s: float) -> dict[str, Any]:
+    """The counts every summary starts from: requests, errors, tokens, tokens/s."""
     ok = [r for r in results if r.error is None]
     prompt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
     num_tokens = sum(r.completion_tokens for r in ok)
-    summary: dict[str, Any] = {
+    return {
         "num_requests": len(results),
         "num_errors": len(results) - len(ok),
         "errors": sorted({r.error for r in results if r.error})[:5],
@@ -200,6 +223,11 @@ def summarize(results: list[RequestResult], wall_s: float) -> dict[str, Any]:
         "tokens_per_s": num_tokens / wall_s if wall_s > 0 else 0.0,
         "requests_per_s": len(ok) / wall_s if wall_s > 0 else 0.0,
     }
+
+
+def summarize(results: list[RequestResult], wall_s: float) -> dict[str, Any]:
+    ok = [r for r in results if r.error is None]
+    summary = count(results, wall_s)
     samples: dict[str, list[float | None]] = {"ttft": [r.ttft_s for r in ok], "e2e": [r.e2e_s for r in ok]}
     samples["itl"] = [gap for r in ok for gap in r.itl_s]
     for name, values in samples.items():

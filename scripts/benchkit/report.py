@@ -95,15 +95,10 @@ def round_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def render(
-    rows: list[dict[str, Any]],
-    machine: dict[str, Any],
-    command: str,
-    note: str,
-    round_rows: list[dict[str, Any]] | None = None,
-) -> str:
+def preamble(machine: dict[str, Any], command: str, note: str) -> list[str]:
+    """The lines above a report's table: the command, the machine, the note."""
     loadavg = " / ".join(f"{x:.2f}" for x in machine["loadavg"])
-    lines = [
+    return [
         f"Command: `{command}`",
         "",
         f"Machine: {machine['nproc']} CPUs ({machine['cpu']}), torch {machine['torch']}, "
@@ -111,8 +106,17 @@ def render(
         "",
         note,
         "",
-        *markdown_table(COLUMNS, rows),
     ]
+
+
+def render(
+    rows: list[dict[str, Any]],
+    machine: dict[str, Any],
+    command: str,
+    note: str,
+    round_rows: list[dict[str, Any]] | None = None,
+) -> str:
+    lines = [*preamble(machine, command, note), *markdown_table(COLUMNS, rows)]
     if round_rows is not None:
         lines += [
             "",

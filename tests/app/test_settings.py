@@ -62,6 +62,16 @@ def test_invalid_values_raise(argv: list[str]) -> None:
         parse_settings(argv, environ={})
 
 
+def test_help_lists_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression: a `%` in one option's help (`50%`) made `surge serve --help` raise in argparse."""
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(["--help"], environ={})
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    assert all(option.flag in text for option in OPTIONS)
+    assert "(`50%`)" in text
+
+
 def test_bad_choice_exits() -> None:
     with pytest.raises(SystemExit):
         parse_settings(["--dtype", "int3"], environ={})

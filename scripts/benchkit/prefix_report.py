@@ -1,0 +1,101 @@
+"""The prefix workloads' markdown report: their table, and the ratios issue 18 targets, each taken
+within the run between `surge` (prefix cache on) and `surge[cache-off]`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scripts.benchkit.report import format_cell, markdown_table, preamble
+
+CACHE_ON, CACHE_OFF = "surge", "surge[cache-off]"
+
+# fmt: off
+COLUMNS: tuple[tuple[str, str, int | None], ...] = (
+    ("workload", "workload", None), ("system", "system", None), ("concurrency", "concurrency", None),
+    ("requests", "num_requests", None), ("completion tok", "completion_tokens", None),
+    ("tokens/s", "tokens_per_s", 1), ("TTFT p50 ms", "ttft_p50_s", 1000), ("TTFT p99 ms", "ttft_p99_s", 1000),
+    ("TTFT p50 turn 1 ms", "ttft_p50_first_s", 1000), ("TTFT p50 turns 2+ ms", "ttft_p50_later_s", 1000),
+    ("prompt tok", "mean_prompt_tokens", 1), ("cache hit %", "cache_hit_rate", 100),
+    ("errors", "num_errors", None), ("peak RSS MiB", "peak_rss_mib", 1),
+)
+# fmt: on
+
+
+@dataclass(frozen=True)
+class Target:
+    workload: str
+    metric: str
+    key: str  # the row key compared, cache on over cache off
+    scale: int  # for the two values shown: 1000 for seconds as ms, 1 for tokens/s
+    at_most: float | None = None  # met when the ratio is at most this
+    at_least: float | None = None  # ... or at least this
+
+    def is_met(self, ratio: float) -> bool:
+        return ratio <= self.at_most if self.at_most is not None else ratio >= (self.at_least or 0.0)
+
+    @property
+    def bound(self) -> str:
+        return f"<= {self.at_most:.2f}x" if self.at_most is not None else f">= {self.at_least:.2f}x"
+
+
+TARGETS = (
+    Target("shared-prefix", "TTFT p50", "ttft_p50_s", 1000, at_most=0.3),
+    Target("shared-prefix", "tokens/s", "tokens_per_s", 1, at_least=1.5),
+    Target("multi-turn", "TTFT p50, turns 2+", "ttft_p50_later_s", 1000, at_most=0.3),
+    Target("no-shared", "tokens/s", "tokens_per_s", 1, at_least=0.97),
+)
+
+
+def target_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target of a workload in `rows`: both values, their ratio and whether it is met. A ratio
+    needs both systems with at least one successful request; `met` is None when there is none."""
+    by_system = {(row["workload"], row["system"]): row for row in rows}
+    out = []
+    for target in TARGETS:
+        on, off = by_system.get((target.workload, CACHE_ON)), by_system.get((target.workload, CACHE_OFF))
+        if on is None and off is None:
+            continue
+        line: dict[str, Any] = {"workload": target.workload, "metric": target.metric, "target": target.bound}
+        line |= {"on": (on or {}).get(target.key), "off": (off or {}).get(target.key), "ratio": None, "met": None}
+        usable = all(r is not None and r.get("num_errors", 0) < r.get("num_requests", 0) for r in (on, off))
+        if usable and line["on"] is not None and line["off"]:
+            line["ratio"] = line["on"] / line["off"]
+            line["met"] = target.is_met(line["ratio"])
+        out.append(line | {"scale": target.scale})
+    return out
+
+
+def render_targets(lines: list[dict[str, Any]]) -> list[str]:
+    out = [
+        f"| workload | metric | {CACHE_ON} | {CACHE_OFF} | on / off | target | met |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for line in lines:
+        met = "–" if line["met"] is None else ("met" if line["met"] else "not met")
+        on, off = (format_cell(line[key], line["scale"]) for key in ("on", "off"))
+        out.append(
+            f"| {line['workload']} | {line['metric']} | {on} | {off} | {format_cell(line['ratio'], None)} "
+            f"| {line['target']} | {met} |"
+        )
+    return out
+
+
+def render(rows: list[dict[str, Any]], machine: dict[str, Any], command: str, note: str) -> str:
+    lines = [*preamble(machine, command, note), *markdown_table(COLUMNS, rows)]
+    targets = target_rows(rows)
+    if targets:
+        lines += [
+            "",
+            "### Prefix caching: targets (issue 18)",
+            "",
+            f"`{CACHE_ON}` (prefix cache on, the default) over `{CACHE_OFF}` (`--prefix-caching off`), both "
+            "measured in this run; TTFT values in ms, tokens/s as measured. `–`: not measured, or a system "
+            "had no successful request.",
+            "",
+            *render_targets(targets),
+        ]
+    errors = [f"- {row['workload']} {row['system']}: {error}" for row in rows for error in row.get("errors", [])]
+    if errors:
+        lines += ["", "### Errors", "", *errors]
+    return "\n".join(lines) + "\n"

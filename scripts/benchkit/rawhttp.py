@@ -75,18 +75,30 @@ class RawHttpClient:
 
         The connection goes back to the pool only if the body was read to its end; a request
         abandoned part-way closes it (the server may still be writing)."""
-        conn = self._idle.pop() if self._idle else await self._connect()
+        reused = bool(self._idle)
+        conn = self._idle.pop() if reused else await self._connect()
         reusable = False
+        head = [f"{method} {path} HTTP/1.1".encode(), b"host: " + self._host_header]
+        head += [f"{name}: {value}".encode() for name, value in (headers or {}).items()]
+        if body or method in ("POST", "PUT", "PATCH"):
+            head.append(b"content-length: %d" % len(body))
+        request = b"\r\n".join(head) + b"\r\n\r\n" + body
         try:
-            head = [f"{method} {path} HTTP/1.1".encode(), b"host: " + self._host_header]
-            head += [f"{name}: {value}".encode() for name, value in (headers or {}).items()]
-            if body or method in ("POST", "PUT", "PATCH"):
-                head.append(b"content-length: %d" % len(body))
             try:
-                conn.writer.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+                conn.writer.write(request)
                 response = await _read_head(conn.reader)
             except _READ_ERRORS as exc:
-                raise RawHttpError(f"{type(exc).__name__}: {exc}") from exc
+                if not (reused and _closed_unanswered(exc)):
+                    raise RawHttpError(f"{type(exc).__name__}: {exc}") from exc
+                # The server closed an idle keep-alive connection before reading the request
+                # (llama-server does after a stream): nothing was run; send it once more, anew.
+                conn.close()
+                conn = await self._connect()
+                try:
+                    conn.writer.write(request)
+                    response = await _read_head(conn.reader)
+                except _READ_ERRORS as again:
+                    raise RawHttpError(f"{type(again).__name__}: {again}") from again
             state = {"done": False}
             yield response, _body(conn.reader, response, state)
             reusable = state["done"] and response.headers.get("connection", "").lower() != "close"
@@ -102,6 +114,13 @@ class RawHttpClient:
         except (OSError, TimeoutError) as exc:
             raise RawHttpError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         return _Connection(reader, writer)
+
+
+def _closed_unanswered(exc: BaseException) -> bool:
+    """A connection that ended before a single byte of the response."""
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return not exc.partial
+    return isinstance(exc, ConnectionResetError | BrokenPipeError)
 
 
 async def _read_head(reader: asyncio.StreamReader) -> Response:

@@ -137,8 +137,12 @@ def test_the_targets_section_marks_each_target_met_or_not() -> None:
         target_row("no-shared", "surge", tokens_per_s=98.0),
         target_row("no-shared", "surge[cache-off]", tokens_per_s=100.0),
         target_row("no-shared", "transformers", tokens_per_s=50.0),
+        target_row("shared-prefix", "llama-server", ttft_p50_s=0.1, tokens_per_s=150.0),
     ]
-    lines = {(t["workload"], t["metric"]): t for t in prefix_report.target_rows(rows)}
+    lines = {(t["workload"], t["metric"]): t for t in prefix_report.target_rows(rows) if t["versus"] != "llama-server"}
+    llama = {t["metric"]: t for t in prefix_report.target_rows(rows) if t["versus"] == "llama-server"}
+    assert set(llama) == {"TTFT p50", "tokens/s"}  # multi-turn had no llama-server row: not judged
+    assert llama["TTFT p50"]["met"] is True and llama["tokens/s"]["met"] is False
     assert (
         lines["shared-prefix", "TTFT p50"]["ratio"] == pytest.approx(0.1) and lines["shared-prefix", "TTFT p50"]["met"]
     )
@@ -148,10 +152,12 @@ def test_the_targets_section_marks_each_target_met_or_not() -> None:
     assert lines["no-shared", "tokens/s"]["met"] is True
     machine = {"nproc": 2, "cpu": "cpu", "torch": "t", "python": "p", "loadavg": (0.0, 0.0, 0.0)}
     text = prefix_report.render(rows, machine, "cmd", "note")
-    assert "| shared-prefix | TTFT p50 | 50.0 | 500.0 | 0.10x | <= 0.30x | met |" in text
-    assert "| shared-prefix | tokens/s | 120.0 | 100.0 | 1.20x | >= 1.50x | not met |" in text
-    assert "| multi-turn | TTFT p50, turns 2+ | 200.0 | 400.0 | 0.50x | <= 0.30x | not met |" in text
-    assert "| no-shared | tokens/s | 98.0 | 100.0 | 0.98x | >= 0.97x | met |" in text
+    off = "surge[cache-off]"
+    assert f"| shared-prefix | TTFT p50 | 50.0 | {off} | 500.0 | 0.10x | <= 0.30x | met |" in text
+    assert f"| shared-prefix | tokens/s | 120.0 | {off} | 100.0 | 1.20x | >= 1.50x | not met |" in text
+    assert f"| multi-turn | TTFT p50, turns 2+ | 200.0 | {off} | 400.0 | 0.50x | <= 0.30x | not met |" in text
+    assert f"| no-shared | tokens/s | 98.0 | {off} | 100.0 | 0.98x | >= 0.97x | met |" in text
+    assert "| shared-prefix | tokens/s | 120.0 | llama-server | 150.0 | 0.80x | >= 1.00x | not met |" in text
     assert "| no-shared | transformers |" in text  # in the main table, not among the targets
 
 
@@ -159,7 +165,8 @@ def test_a_target_without_both_systems_is_not_judged() -> None:
     failed = target_row("no-shared", "surge[cache-off]", tokens_per_s=0.0) | {"num_errors": 4}
     lines = prefix_report.target_rows([target_row("no-shared", "surge", tokens_per_s=98.0), failed])
     assert [(t["ratio"], t["met"]) for t in lines] == [(None, None)]
-    assert "| no-shared | tokens/s | 98.0 | 0.0 | – | >= 0.97x | – |" in "\n".join(prefix_report.render_targets(lines))
+    rendered = "\n".join(prefix_report.render_targets(lines))
+    assert "| no-shared | tokens/s | 98.0 | surge[cache-off] | 0.0 | – | >= 0.97x | – |" in rendered
     assert prefix_report.target_rows([target_row("default", "surge", tokens_per_s=1.0)]) == []
 
 

@@ -94,6 +94,33 @@ async def test_an_abandoned_stream_closes_its_connection(base_url: str) -> None:
         await client.aclose()
 
 
+async def test_a_keep_alive_connection_the_server_closed_unanswered_is_retried_once_anew() -> None:
+    """llama-server closes a connection after a stream without saying so; the next request on it
+    got 0 bytes (IncompleteReadError). Nothing of it ran, so it is sent again on a new connection."""
+    connections = 0
+
+    async def answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")  # keep-alive, then gone
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer_once, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = RawHttpClient(f"http://127.0.0.1:{port}")
+    try:
+        assert await fetch(client, "/a") == "200 ok"
+        await asyncio.sleep(0.05)  # the server has closed the idle connection by now
+        assert await fetch(client, "/b") == "200 ok"
+    finally:
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+    assert connections == 2
+
+
 async def test_a_refused_connection_is_a_rawhttp_error() -> None:
     client = RawHttpClient(f"http://127.0.0.1:{free_port()}")  # nothing listens there: refused
     with pytest.raises(RawHttpError):

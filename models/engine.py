@@ -276,11 +276,9 @@ class EngineCore:
                 text += request.detokenizer.flush()
             if reason is not None:
                 self._finished(seq, reason)
-            new_logprobs = [logprob] if logprob is not None else []
-            output = RequestOutput(seq.request_id, text, [token_id], seq.num_prompt_tokens, seq.num_output_tokens)
-            output.logprobs, output.finish_reason, output.error = new_logprobs, reason, error
-            output.num_cached_tokens = seq.num_cached_tokens
-            outputs.append(output)
+            lps = [logprob] if logprob is not None else []
+            counts, cached = (seq.num_prompt_tokens, seq.num_output_tokens), seq.num_cached_tokens
+            outputs.append(RequestOutput(seq.request_id, text, [token_id], *counts, lps, reason, error, cached))
         if gaps:
             observer.on_token_gaps(gaps)
         return outputs

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
 from models.config import SchedulerConfig
+from models.model_runner import Runner
 from models.prefix_cache import PrefixCache
 
 log = logging.getLogger("surge.engine")
 
 
-class PoolRunner(Protocol):
-    def kv_block_bytes(self, block_size: int) -> int: ...
-
-    def kv_pool(self, block_size: int, num_rows: int) -> None: ...
-
-
-def start_prefix_cache(config: SchedulerConfig, runner: PoolRunner) -> PrefixCache | None:
+def start_prefix_cache(config: SchedulerConfig, runner: Runner) -> PrefixCache | None:
     """The index, with the runner's pool set up to match; None when caching is off (the flag, a
     model without K/V such as echo, or a bound smaller than one block). Called once the slot
     cache has its tensors, after warmup, so warmup's prompts are not kept."""

@@ -85,14 +85,17 @@ def run(
     servers: Callable[[WorkloadSpec], list[SystemUnderTest]],
     progress: bool = True,
 ) -> Measured:
-    """Every (workload, round), every server of `servers(spec)` in turn; rows carry their round."""
+    """Every (workload, round), every server of `servers(spec)` in turn (reversed in odd rounds);
+    rows carry their round."""
     plan = [(spec, round_, servers(spec)) for spec in specs for round_ in range(rounds)]
     total = sum(spec.num_requests * len(suts) for spec, _, suts in plan)
     bar = tqdm(total=total, unit="req", file=sys.stderr, disable=not progress)
     measured: Measured = []
     with bar:
         for spec, round_, suts in plan:
-            for sut in suts:
+            # Every other round in reverse order: on a VM that drifts from minute to minute, no
+            # system always gets a round's first minutes (the verdicts are ratios of medians).
+            for sut in suts if round_ % 2 == 0 else suts[::-1]:
                 bar.set_description(f"{spec.workload} {sut.name}")
                 done_before = bar.n
                 row, results = measure(sut, spec, on_done=lambda: bar.update(1))

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from scripts.benchkit import load, prefix, prefix_report
+from scripts.benchkit import load, prefix, prefix_report, prefix_run
 from scripts.benchkit.prefix import TurnResult, WorkloadSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -313,6 +313,54 @@ async def test_shared_prefix_primes_the_prompt_before_the_clock() -> None:
         results, _, _ = await prefix.run_workload(FakeSut(server.base_url), spec)
     assert len(results) == 6 and len(server.bodies) == 7  # one more: the priming request, not measured
     assert len({flat(b["messages"]) for b in server.bodies}) == 7
+
+
+async def test_no_shared_is_timed_after_a_whole_untimed_pass_with_other_prompts() -> None:
+    async with FakeServer() as server:
+        spec = WorkloadSpec("no-shared", 3, 2, 8, SYSTEM)
+        first_pass, (results, _, _) = await prefix.timed_workload(FakeSut(server.base_url), spec)
+        assert first_pass is not None and first_pass > 0
+        assert len(results) == 6 and len(server.bodies) == 12  # the untimed pass, then the timed one
+        untimed, timed = ({flat(b["messages"]) for b in bodies} for bodies in (server.bodies[:6], server.bodies[6:]))
+        assert len(untimed | timed) == 12  # the timed pass finds nothing of the first in a cache
+        assert timed == {flat(m) for m in prefix.single_turn_messages("no-shared", SYSTEM, 7, seed=0)[:6]}
+        shared_first, _ = await prefix.timed_workload(
+            FakeSut(server.base_url), WorkloadSpec("shared-prefix", 1, 1, 8, SYSTEM)
+        )
+        assert shared_first is None
+
+
+def test_each_rounds_ratio_is_reported_beside_the_ratio_of_medians() -> None:
+    measured = []
+    for round_, (on, off) in enumerate(((90.0, 100.0), (100.0, 100.0), (120.0, 100.0))):
+        for system, value in (("surge", on), ("surge[cache-off]", off)):
+            row = {"workload": "no-shared", "system": system, "round": round_, "num_errors": 0, "wall_s": 1.0}
+            measured.append((row | {"tokens_per_s": value, "first_pass_tokens_per_s": value - 10.0}, [TurnResult()]))
+    rows = prefix.combine_rounds(measured)
+    lines = {t["metric"]: t for t in prefix_report.target_rows(rows)}
+    assert lines["tokens/s"]["ratio"] == 1.0 and lines["tokens/s"]["round_ratios"] == [0.9, 1.0, 1.2]
+    assert lines["tokens/s, first pass"]["round_ratios"] == [80 / 90, 1.0, 110 / 90]
+    text = "\n".join(prefix_report.render_targets(list(lines.values())))
+    assert "| 1.00x (rounds 0.90, 1.00, 1.20) | >= 0.97x | met |" in text
+    assert (
+        "| no-shared | tokens/s, first pass | 90.0 | surge[cache-off] | 90.0 | 1.00x (rounds 0.89, 1.00, 1.22)" in text
+    )
+
+
+def test_every_other_round_runs_the_systems_in_reverse_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[tuple[int, str]] = []
+
+    def fake_measure(sut: Any, spec: WorkloadSpec, on_done: Any = None) -> tuple[dict[str, Any], list[TurnResult]]:
+        order.append((len(order) // 2, sut.name))
+        row = {"workload": spec.workload, "system": sut.name, "tokens_per_s": 1.0, "ttft_p50_s": None}
+        return row | {"cache_hit_rate": None, "num_errors": 0, "errors": []}, []
+
+    suts = [FakeSut("a"), FakeSut("b")]
+    suts[1].name = "other"
+    spec = WorkloadSpec("no-shared", 1, 1, 8, SYSTEM)
+    monkeypatch.setattr(prefix_run, "measure", fake_measure)
+    prefix_run.run([spec], 3, lambda _: suts, progress=False)
+    assert order == [(0, "fake"), (0, "other"), (1, "other"), (1, "fake"), (2, "fake"), (2, "other")]
 
 
 @pytest.mark.timeout(60)

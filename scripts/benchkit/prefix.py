@@ -262,11 +262,23 @@ async def timed_workload(
     """(the first pass's tokens/s, run_workload's answer for the timed pass): no-shared runs a
     whole untimed pass first, with other tags (the module's docstring); the others have no first
     pass (None)."""
-    first_pass = None
-    if spec.workload == "no-shared":
-        first, wall_s, _ = await run_workload(sut, replace(spec, seed=spec.seed + 1))
-        first_pass = count(first, wall_s)["tokens_per_s"]
-    return first_pass, await run_workload(sut, spec, on_done)
+    return await untimed_pass(sut, spec), await run_workload(sut, spec, on_done)
+
+
+async def untimed_pass(sut: SystemUnderTest, spec: WorkloadSpec) -> float | None:
+    """no-shared: a whole pass with other tags before the clock runs; its tokens/s. Others: None."""
+    if spec.workload != "no-shared":
+        return None
+    results, wall_s, _ = await run_workload(sut, replace(spec, seed=spec.seed + 1))
+    tokens_per_s: float = count(results, wall_s)["tokens_per_s"]
+    return tokens_per_s
+
+
+def warm_up(sut: SystemUnderTest, spec: WorkloadSpec) -> None:
+    """Short prompts first, as the closed loops' (scripts/benchkit/load.py)."""
+    asyncio.run(
+        run_load(sut, LoadSpec(min(spec.concurrency, 4), 1, min(spec.max_tokens, 8), DEFAULT_PROMPT_WORDS, seed=1))
+    )
 
 
 def measure(
@@ -277,8 +289,7 @@ def measure(
     row: dict[str, Any] = {"workload": spec.workload, "system": sut.name, "concurrency": spec.concurrency}
     try:
         sut.start()
-        warmup = LoadSpec(min(spec.concurrency, 4), 1, min(spec.max_tokens, 8), DEFAULT_PROMPT_WORDS, seed=1)
-        asyncio.run(run_load(sut, warmup))
+        warm_up(sut, spec)
         row["first_pass_tokens_per_s"], (results, wall_s, row["client_cpu_s"]) = asyncio.run(
             timed_workload(sut, spec, on_done)
         )
@@ -288,6 +299,47 @@ def measure(
     finally:
         sut.stop()
     return row | summarize(results, wall_s), results
+
+
+def measure_side_by_side(
+    suts: list[SystemUnderTest], spec: WorkloadSpec, passes: int, on_done: Callable[[], None] | None = None
+) -> list[tuple[dict[str, Any], list[TurnResult]]]:
+    """Every system started once and kept up, warmed up as `measure` does, then `passes` timed
+    passes each, taken in turn (every other pass in reverse order), each with prompts of its own:
+    adjacent passes on the same servers, so neither a fresh process's first touches of memory nor
+    the machine's drift from minute to minute falls on one side. Rows carry the pass as their
+    round; a system that fails to start counts as one failed request and sits out."""
+    measured: list[tuple[dict[str, Any], list[TurnResult]]] = []
+    live: list[SystemUnderTest] = []
+    first_pass: dict[str, float | None] = {}
+    base = {"workload": spec.workload, "concurrency": spec.concurrency}
+    try:
+        for sut in suts:
+            try:
+                sut.start()
+                live.append(sut)
+                warm_up(sut, spec)
+                first_pass[sut.name] = asyncio.run(untimed_pass(sut, spec))
+            except Exception as exc:
+                failed = [TurnResult(error=f"{type(exc).__name__}: {exc}")]
+                measured.append((base | {"system": sut.name, "round": 0} | summarize(failed, 0.0), failed))
+                if sut in live:
+                    live.remove(sut)
+                    sut.stop()
+        for pass_ in range(passes):
+            for sut in live if pass_ % 2 == 0 else live[::-1]:
+                timed = replace(spec, seed=spec.seed + 2 + pass_)  # prompts no earlier pass sent
+                results, wall_s, cpu_s = asyncio.run(run_workload(sut, timed, on_done))
+                row = base | {"system": sut.name, "round": pass_, "client_cpu_s": cpu_s}
+                if pass_ == 0:
+                    row["first_pass_tokens_per_s"] = first_pass.get(sut.name)
+                if pass_ == passes - 1:
+                    row["peak_rss_mib"] = sut.peak_rss_mib()
+                measured.append((row | summarize(results, wall_s), results))
+    finally:
+        for sut in live:
+            sut.stop()
+    return measured
 
 
 # ---------------------------------------------------------------- summary

@@ -10,6 +10,7 @@ import json
 import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -176,6 +177,9 @@ def test_workload_arguments(bench: ModuleType, tmp_path: Path) -> None:
     assert "naive" not in args.systems and "surge" in args.systems
     assert bench.parse_args([]).workload == [] and bench.parse_args(["--workload", "default"]).workload == []
     assert bench.parse_args(["--workload", "multi-turn", "--concurrency", "8"]).concurrency == [8]
+    assert bench.parse_args(["--workload", "no-shared", "--side-by-side"]).side_by_side
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--side-by-side"])  # only the prefix workloads run side by side
     for bad in (["--workload", "bogus"], ["--workload", "multi-turn,multi-turn"], ["--workload", "default,no-shared"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
@@ -361,6 +365,74 @@ def test_every_other_round_runs_the_systems_in_reverse_order(monkeypatch: pytest
     monkeypatch.setattr(prefix_run, "measure", fake_measure)
     prefix_run.run([spec], 3, lambda _: suts, progress=False)
     assert order == [(0, "fake"), (0, "other"), (1, "other"), (1, "fake"), (2, "fake"), (2, "other")]
+
+
+class ServerThread:
+    """A FakeServer on an event loop of its own thread, for code that calls asyncio.run itself."""
+
+    def __enter__(self) -> FakeServer:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = asyncio.run_coroutine_threadsafe(FakeServer().__aenter__(), self.loop).result(5)
+        return self.server
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.__aexit__(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+class CountingSut(FakeSut):
+    def __init__(self, url: str, name: str, log: list[str]) -> None:
+        super().__init__(url)
+        self.name, self.log = name, log
+
+    def start(self) -> None:
+        self.log.append(f"start {self.name}")
+
+    def stop(self) -> None:
+        self.log.append(f"stop {self.name}")
+
+
+def test_side_by_side_starts_each_system_once_and_alternates_passes_with_new_prompts() -> None:
+    log: list[str] = []
+    with ServerThread() as server:
+        suts = [CountingSut(server.base_url, name, log) for name in ("a", "b")]
+        measured = prefix.measure_side_by_side(suts, WorkloadSpec("no-shared", 2, 1, 8, SYSTEM), passes=3)
+        bodies = list(server.bodies)
+    assert log == ["start a", "start b", "stop a", "stop b"]
+    assert [(row["round"], row["system"]) for row, _ in measured] == [
+        (0, "a"),
+        (0, "b"),
+        (1, "b"),
+        (1, "a"),
+        (2, "a"),
+        (2, "b"),
+    ]
+    assert all(row["num_requests"] == 2 and row["num_errors"] == 0 for row, _ in measured)
+    assert measured[0][0]["first_pass_tokens_per_s"] > 0 and "first_pass_tokens_per_s" not in measured[2][0]
+    # per system: the warmup's 2 requests, an untimed pass of 2, then 3 timed passes of 2
+    assert len(bodies) == 2 * (2 + 2 + 3 * 2)
+    chats = [flat(b["messages"]) for b in bodies if b["messages"][0]["role"] == "system"]
+    timed = [flat(m) for seed in (2, 3, 4) for m in prefix.single_turn_messages("no-shared", SYSTEM, 3, seed)[:2]]
+    assert set(timed) <= set(chats)
+    assert len(set(timed)) == 6  # no pass resends an earlier pass's prompt
+
+
+def test_side_by_side_runs_each_workload_once_with_the_rounds_as_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, int, list[str]]] = []
+
+    def fake(suts: list[Any], spec: WorkloadSpec, passes: int, on_done: Any = None) -> list[Any]:
+        calls.append((spec.workload, passes, [sut.name for sut in suts]))
+        row = {"workload": spec.workload, "system": suts[0].name, "round": 0, "tokens_per_s": 1.0}
+        return [(row | {"ttft_p50_s": None, "cache_hit_rate": None, "num_errors": 0, "errors": []}, [])]
+
+    monkeypatch.setattr(prefix, "measure_side_by_side", fake)
+    specs = [WorkloadSpec("no-shared", 1, 1, 8, SYSTEM), WorkloadSpec("multi-turn", 1, 1, 8, SYSTEM)]
+    measured = prefix_run.run(specs, 5, lambda _: [FakeSut("a")], progress=False, side_by_side=True)
+    assert calls == [("no-shared", 5, ["fake"]), ("multi-turn", 5, ["fake"])]
+    assert [row["workload"] for row, _ in measured] == ["no-shared", "multi-turn"]
 
 
 @pytest.mark.timeout(60)

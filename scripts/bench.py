@@ -53,7 +53,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -62,8 +61,9 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from models.cpus import prefill_thread_count  # no torch: this process stays free of it
+from models.cpus import available_cpus, prefill_thread_count  # no torch: this process stays free of it
 from scripts.benchkit import llama, prefix, prefix_run, structured
+from scripts.benchkit.ceiling import CEILING_PROMPT_TOKENS, ceiling_worker, thread_counts
 from scripts.benchkit.load import (
     DEFAULT_PROMPT_WORDS,
     LoadSpec,
@@ -93,7 +93,6 @@ __all__ = [
     "stream_chat",
 ]
 
-CEILING_PROMPT_TOKENS = 32
 
 # ---------------------------------------------------------------- systems under test
 
@@ -313,14 +312,18 @@ def llama_server_problem(args: argparse.Namespace) -> str | None:
     return None if args.gguf.is_file() else f"{args.gguf} is not a file"
 
 
-def llama_server(concurrency: int, args: argparse.Namespace, seq_tokens: int = 2048) -> BenchServer:
-    """llama.cpp's `llama-server` on `--gguf`: one slot per stream (`-np`), continuous batching.
+def llama_server(
+    concurrency: int, args: argparse.Namespace, seq_tokens: int = 2048, threads: tuple[int, int] | None = None
+) -> BenchServer:
+    """llama.cpp's `llama-server` on `--gguf`: one slot per stream (`-np`), continuous batching, on
+    `threads` (its decode `-t` and batch `-tb` threads; None: `--llama-threads` for both, its best).
 
     NOTE: `-c` is the context of all slots together, split evenly: `seq_tokens` each. Its prefix
     reuse (`cache_prompt`, per slot) shows in `timings`, not `prompt_tokens_details`: hit rate unknown.
     """
+    decode, batch = threads or (args.llama_threads, args.llama_threads)
     argv = [str(args.llama_server), "-m", str(args.gguf), "-np", str(concurrency), "-c", str(concurrency * seq_tokens)]
-    argv += ["-t", str(args.threads), "-tb", str(args.prefill_threads), "--cont-batching"]
+    argv += ["-t", str(decode), "-tb", str(batch), "--cont-batching"]
     argv += ["--host", "127.0.0.1", "--port", "{port}"]
     log_path = args.out.parent / f"llama-server-c{concurrency}.log"
     extras = {"ignore_eos": True}
@@ -367,8 +370,8 @@ def workload_servers(
         ]
     if system == "transformers":
         return [transformers_server(model_dir, spec.concurrency, args, seq_tokens)]
-    if system == "llama-server":
-        return [llama_server(spec.concurrency, args, seq_tokens)]
+    if system == "llama-server":  # on surge's threads, as the documented prefix runs were
+        return [llama_server(spec.concurrency, args, seq_tokens, (args.threads, args.prefill_threads))]
     return [make_server(system, model_dir, spec.concurrency, args)]
 
 
@@ -448,60 +451,6 @@ def combine_rounds(rows: list[dict[str, Any]], results: list[list[RequestResult]
 # ---------------------------------------------------------------- raw ceiling and model (subprocesses)
 
 
-def ceiling_worker(
-    model_dir: str,
-    batch: int,
-    threads: int,
-    new_tokens: int,
-    runs: int,
-    device: str = "cpu",
-    dtype: str = "float32",
-    prefill_threads: int = 0,
-) -> dict[str, Any]:
-    """Batched greedy decode with no server: prefill once, then one forward per new token.
-    `device`, `dtype`: where and how the model runs (scripts/bench_engine.py --device/--dtype).
-    `prefill_threads`: torch threads for the prefill forward when above `threads` (surge's
-    --prefill-threads: a burst's prefill gets the cores the server leaves idle; the ceiling too)."""
-    import torch
-    from transformers import AutoModelForCausalLM, DynamicCache
-
-    torch.set_num_threads(threads)
-    prefill_threads = max(prefill_threads, threads)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, model.config.vocab_size, (batch, CEILING_PROMPT_TOKENS), generator=generator)  # (B, T)
-    prompt = prompt.to(device)
-    # CUDA runs asynchronously: wait for the device before each clock read, or it times the launches.
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-
-    @torch.inference_mode()
-    def generate() -> tuple[float, float]:
-        sync()
-        start = time.perf_counter()
-        torch.set_num_threads(prefill_threads)
-        out = model(input_ids=prompt, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
-        next_ids = out.logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
-        sync()
-        torch.set_num_threads(threads)
-        prefill_s = time.perf_counter() - start
-        for _ in range(new_tokens - 1):
-            out = model(input_ids=next_ids, cache=out.cache, use_cache=True)
-            next_ids = out.logits[:, -1].argmax(-1, keepdim=True)
-        sync()
-        return time.perf_counter() - start, prefill_s
-
-    generate()  # warmup
-    timings = [generate() for _ in range(runs)]
-    total_s, prefill_s = min(timings)
-    return {
-        "tokens_per_s": batch * new_tokens / total_s,
-        "best_s": total_s,
-        "all_s": [t for t, _ in timings],
-        "prefill_s": prefill_s,
-        "decode_step_ms": 1000 * (total_s - prefill_s) / max(new_tokens - 1, 1),
-    }
-
-
 def run_python(argv: list[str], what: str) -> str:
     """Run `python argv...` in the repo root; return its last stdout line. Keeps torch out of this process."""
     proc = subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
@@ -510,9 +459,10 @@ def run_python(argv: list[str], what: str) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def run_ceiling(model_dir: Path, batch: int, threads: int, new_tokens: int, prefill_threads: int) -> dict[str, Any]:
-    params = {"model_dir": str(model_dir), "batch": batch, "threads": threads, "new_tokens": new_tokens, "runs": 2}
-    params["prefill_threads"] = prefill_threads
+def run_ceiling(model_dir: Path, batch: int, new_tokens: int) -> dict[str, Any]:
+    """scripts/benchkit/ceiling.py in a subprocess, at every thread count this process may use."""
+    params = {"model_dir": str(model_dir), "batch": batch, "new_tokens": new_tokens, "runs": 2}
+    params["threads"] = thread_counts(available_cpus())
     out = run_python(["-m", "scripts.bench", "--ceiling-worker", json.dumps(params)], "the ceiling run")
     return dict(json.loads(out))
 
@@ -592,6 +542,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--gguf", type=Path, help="the GGUF model llama-server serves")
     parser.add_argument(
+        "--llama-threads",
+        type=int,
+        default=0,
+        help="llama-server's -t and -tb outside --workload (0 = every available CPU: its best on 2 cores)",
+    )
+    parser.add_argument(
         "--build-llama-server",
         action="store_true",
         help="build llama-server from the llama-cpp-python source package (once, ~13 min on 2 cores, cached"
@@ -631,6 +587,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.prefill_threads < 0:
         parser.error("--prefill-threads must be 0 (every available CPU) or positive")
     args.prefill_threads = prefill_thread_count(args.threads, args.prefill_threads)
+    args.llama_threads = args.llama_threads or available_cpus()
     if args.rate is not None and (args.rate <= 0 or args.duration <= 0):
         parser.error("--rate and --duration must be positive")
     return args
@@ -678,9 +635,11 @@ def main(argv: list[str]) -> int:
         f"Model `{model_dir.name}`; {args.max_tokens} new tokens per request, greedy, ignore_eos where the "
         f"server takes it (not `transformers serve`: its tokens/s counts the tokens it really produced, see "
         f"`completion tok`); {args.requests_per_client} request(s) per client, closed loop{open_loop}; "
-        f"torch threads {args.threads} ({args.prefill_threads} for surge's and the ceiling's burst prefills). "
-        f"Ceiling: batch = concurrency, {CEILING_PROMPT_TOKENS}-token prompts, "
-        "prefill + greedy decode loop, best of 2 after a warmup."
+        f"threads: surge --num-threads {args.threads} --prefill-threads {args.prefill_threads}, naive and "
+        f"transformers {args.threads}, llama-server -t {args.llama_threads} -tb {args.llama_threads}. "
+        f"Ceiling: batch = concurrency, {CEILING_PROMPT_TOKENS}-token prompts, the best of a hand-written greedy "
+        f"decode loop and HF generate at 1-{available_cpus()} torch threads, each the best of 2 after a warmup "
+        "(scripts/benchkit/ceiling.py)."
         + (
             f" {args.rounds} rounds, interleaved (each round: the ceiling, then every system on a fresh server;"
             " naive in the first only); tokens/s, req/s and vs ceiling are medians of the rounds, latencies"
@@ -713,12 +672,16 @@ def main(argv: list[str]) -> int:
             concurrency = spec.concurrency
             if spec.rate is None and not args.no_ceiling and (concurrency, round_) not in ceilings:
                 bar.set_description(f"ceiling B={concurrency}")
-                ceiling = run_ceiling(model_dir, concurrency, args.threads, args.max_tokens, args.prefill_threads)
+                ceiling = run_ceiling(model_dir, concurrency, args.max_tokens)
                 ceiling_row = {"system": "ceiling", "concurrency": concurrency, "load": "batch", "round": round_}
                 rows.append(ceiling_row | ceiling)
                 results_by_row.append([])
                 ceilings[concurrency, round_] = rows[-1]
-                bar.write(f"ceiling B={concurrency}: {ceiling['tokens_per_s']:.1f} tok/s", file=sys.stdout)
+                bar.write(
+                    f"ceiling B={concurrency}: {ceiling['tokens_per_s']:.1f} tok/s ({ceiling['ceiling_method']}, "
+                    f"{ceiling['ceiling_threads']} threads)",
+                    file=sys.stdout,
+                )
             sut = make_server(system, model_dir, concurrency, args, stack)
             bar.set_description(f"{sut.name} {load_label(spec) if spec.rate else f'c={concurrency}'}")
             done_before = bar.n

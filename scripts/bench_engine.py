@@ -17,7 +17,7 @@ difference is what HTTP, the load client and their share of the cores cost.
 NOTE: on CUDA no explicit synchronize is needed around the closed loop: the sampler copies
 each step's tokens to the host (`.tolist()`) before the engine publishes them, so every
 clock read in `publish` comes after the step's kernels have finished. The ceiling
-synchronizes itself (scripts/bench.py `ceiling_worker`).
+synchronizes itself (scripts/benchkit/ceiling.py).
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from pathlib import Path
 import torch
 
 from models.config import ModelConfig, SchedulerConfig
-from models.cpus import prefill_thread_count
+from models.cpus import available_cpus, prefill_thread_count
 from models.engine import EngineCore
 from models.loader import LoadedModel, load_model
 from models.model_runner import ModelRunner
 from models.outputs import RequestOutput
 from models.sampling_params import SamplingParams
 from models.tiny import ensure_tiny
-from scripts.bench import ceiling_worker
+from scripts.benchkit.ceiling import ceiling_worker, thread_counts
 
 RUNNERS = ("packed", "split")
 
@@ -162,18 +162,18 @@ def main(argv: list[str]) -> int:
                 flush=True,
             )
         if not args.no_ceiling:
+            # The model's best here: every thread count on the CPU (one on a GPU), loop or generate.
+            counts = thread_counts(available_cpus()) if on_cpu else [args.threads]
             ceiling = ceiling_worker(
-                str(model_dir),
-                args.concurrency,
-                args.threads,
-                args.max_tokens,
-                2,
-                args.device,
-                args.dtype,
-                prefill_threads,
+                str(model_dir), args.concurrency, args.max_tokens, 2, counts, args.device, args.dtype
             )
             ceilings.append(ceiling["tokens_per_s"])
-            print(f"round {round_ + 1} ceiling: {ceilings[-1]:7.1f} tok/s (batch {args.concurrency})", flush=True)
+            print(
+                f"round {round_ + 1} ceiling: {ceilings[-1]:7.1f} tok/s (batch {args.concurrency}, "
+                f"{ceiling['ceiling_method']}, {ceiling['ceiling_threads']} threads)",
+                flush=True,
+            )
+            torch.set_num_threads(args.threads)  # the ceiling leaves its own count behind
     ratios = [p.tokens_per_s / s.tokens_per_s for p, s in zip(results["packed"], results["split"], strict=True)]
     ttft = [p.ttft_p99_s / s.ttft_p99_s for p, s in zip(results["packed"], results["split"], strict=True)]
     threads = f"{args.threads} torch thread(s) ({prefill_threads} for burst prefills), " if on_cpu else ""

@@ -64,16 +64,16 @@ def add_vs_off(rows: list[dict[str, Any]]) -> None:
 # fmt: off
 ROUND_COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("concurrency", "concurrency", None), ("round", "round", None), ("ceiling tok/s", "ceiling", 1),
-    ("surge tok/s", "surge", 1), ("transformers tok/s", "transformers", 1),
+    ("surge tok/s", "surge", 1), ("transformers tok/s", "transformers", 1), ("llama-server tok/s", "llama", 1),
     ("surge vs ceiling", "surge_vs_ceiling", None), ("surge vs transformers", "surge_vs_peer", None),
-    ("TTFT p99 surge / transformers", "ttft_p99_vs_peer", None),
+    ("TTFT p99 surge / transformers", "ttft_p99_vs_peer", None), ("surge vs llama-server", "surge_vs_llama", None),
 )
 # fmt: on
 
 
 def round_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (concurrency, round): tokens/s of the ceiling, surge and `transformers serve`, and surge's
-    ratios to the other two within that round."""
+    """Per (concurrency, round): tokens/s of the ceiling, surge, `transformers serve` and llama-server,
+    and surge's ratios to the others within that round."""
     by_round: dict[tuple[Any, Any], dict[str, dict[str, Any]]] = {}
     for row in rows:
         if row.get("round") is None or row.get("stack") is not None or row["load"] not in ("batch", "closed"):
@@ -84,6 +84,9 @@ def round_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         line: dict[str, Any] = {"concurrency": concurrency, "round": round_ + 1}
         for name in ("ceiling", "surge", "transformers"):
             line[name] = systems[name]["tokens_per_s"] if name in systems else None
+        line["llama"] = systems["llama-server"]["tokens_per_s"] if "llama-server" in systems else None
+        if line["surge"] and line["llama"]:
+            line["surge_vs_llama"] = line["surge"] / line["llama"]
         if line["surge"] and line["ceiling"]:
             line["surge_vs_ceiling"] = line["surge"] / line["ceiling"]
         if line["surge"] and line["transformers"]:
@@ -92,6 +95,62 @@ def round_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if ours is not None and theirs:
                 line["ttft_p99_vs_peer"] = ours / theirs
         out.append(line)
+    return out
+
+
+# Issue 19's targets at each concurrency: (metric, row key, against, at least / at most, bound).
+SERVING_TARGETS: tuple[tuple[str, str, str, str, float], ...] = (
+    ("tokens/s", "tokens_per_s", "llama-server", "at least", 1.1),
+    ("TTFT p99", "ttft_p99_s", "llama-server", "at most", 1.0),
+    ("tokens/s", "tokens_per_s", "ceiling", "at least", 0.85),
+    ("tokens/s", "tokens_per_s", "transformers", "at least", 2.0),
+)
+
+
+def serving_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each of SERVING_TARGETS where the run has surge and the other system at a concurrency
+    (closed loops and the ceiling's batch; `--stack` rows left out): both values, the ratio, met.
+    Against the ceiling the ratio is surge's `vs_ceiling` (taken within each round) where known."""
+    by_key = {
+        (row["system"], row["concurrency"]): row
+        for row in rows
+        if row.get("stack") is None and row.get("load") in ("closed", "batch") and row.get("tokens_per_s")
+    }
+    out = []
+    for concurrency in sorted({c for _, c in by_key}):
+        surge = by_key.get(("surge", concurrency))
+        for metric, key, other_name, sense, bound in SERVING_TARGETS:
+            other = by_key.get((other_name, concurrency))
+            if surge is None or other is None or surge.get(key) is None or not other.get(key):
+                continue
+            ratio = surge[key] / other[key]
+            if other_name == "ceiling" and surge.get("vs_ceiling") is not None:
+                ratio = surge["vs_ceiling"]
+            met = ratio >= bound if sense == "at least" else ratio <= bound
+            line = {"concurrency": concurrency, "metric": metric, "versus": other_name, "ratio": ratio, "met": met}
+            out.append(
+                line
+                | {
+                    "surge": surge[key],
+                    "other": other[key],
+                    "scale": 1000 if key.startswith("ttft") else 1,
+                    "target": f"{'>=' if sense == 'at least' else '<='} {bound:.2f}x",
+                }
+            )
+    return out
+
+
+def render_serving_targets(lines: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "| concurrency | metric | surge | against | its value | surge / it | target | met |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for line in lines:
+        surge, other = (format_cell(line[key], line["scale"]) for key in ("surge", "other"))
+        out.append(
+            f"| {line['concurrency']} | {line['metric']} | {surge} | {line['versus']} | {other} "
+            f"| {line['ratio']:.2f}x | {line['target']} | {'met' if line['met'] else 'not met'} |"
+        )
     return out
 
 
@@ -126,6 +185,17 @@ def render(
             "machine's drift is shared.",
             "",
             *markdown_table(ROUND_COLUMNS, round_ratios(round_rows)),
+        ]
+    targets = serving_targets(rows)
+    if targets:
+        lines += [
+            "",
+            "### Targets (issue 19)",
+            "",
+            "surge over each other system at the same concurrency, as measured in this run (TTFT in ms); "
+            "against the ceiling, the median of each round's ratio.",
+            "",
+            *render_serving_targets(targets),
         ]
     stack_rows = [row for row in rows if row.get("stack") is not None]
     if any("vs_off_tokens_per_s" in row for row in stack_rows):

@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.logs import configure_logging
+from models.cpus import bound_onednn_caches
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    bound_onednn_caches()  # before anything imports torch; the engine's process inherits it
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["loadtest"]:
         # NOTE: the load tester is a client tool, not part of the server: it lives in scripts/.

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from models.config import EngineConfig
+from models.cpus import bound_onednn_caches
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,7 @@ def spawn_engine(config: EngineConfig, init: Callable[[], None] | None = None) -
 
 
 def _main(config: EngineConfig, requests: Connection, messages: Connection, init: Callable[[], None] | None) -> None:
+    bound_onednn_caches()  # before torch is imported (models/cpus.py), whoever started this process
     from models.engine_child import serve_engine  # the child's heavy imports, not the parent's
 
     serve_engine(config, requests, messages, init)

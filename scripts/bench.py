@@ -638,8 +638,8 @@ def main(argv: list[str]) -> int:
         f"threads: surge --num-threads {args.threads} --prefill-threads {args.prefill_threads}, naive and "
         f"transformers {args.threads}, llama-server -t {args.llama_threads} -tb {args.llama_threads}. "
         f"Ceiling: batch = concurrency, {CEILING_PROMPT_TOKENS}-token prompts, the best of a hand-written greedy "
-        f"decode loop and HF generate at 1-{available_cpus()} torch threads, each the best of 2 after a warmup "
-        "(scripts/benchkit/ceiling.py)."
+        f"decode loop and HF generate at 1-{available_cpus()} torch threads, with torch's linear kernels and "
+        "oneDNN's packed ones, each the best of 2 after a warmup (scripts/benchkit/ceiling.py)."
         + (
             f" {args.rounds} rounds, interleaved (each round: the ceiling, then every system on a fresh server;"
             " naive in the first only); tokens/s, req/s and vs ceiling are medians of the rounds, latencies"
@@ -679,7 +679,7 @@ def main(argv: list[str]) -> int:
                 ceilings[concurrency, round_] = rows[-1]
                 bar.write(
                     f"ceiling B={concurrency}: {ceiling['tokens_per_s']:.1f} tok/s ({ceiling['ceiling_method']}, "
-                    f"{ceiling['ceiling_threads']} threads)",
+                    f"{ceiling['ceiling_kernels']} kernels, {ceiling['ceiling_threads']} threads)",
                     file=sys.stdout,
                 )
             sut = make_server(system, model_dir, concurrency, args, stack)

@@ -170,7 +170,8 @@ def main(argv: list[str]) -> int:
             ceilings.append(ceiling["tokens_per_s"])
             print(
                 f"round {round_ + 1} ceiling: {ceilings[-1]:7.1f} tok/s (batch {args.concurrency}, "
-                f"{ceiling['ceiling_method']}, {ceiling['ceiling_threads']} threads)",
+                f"{ceiling['ceiling_method']}, {ceiling['ceiling_kernels']} kernels, "
+                f"{ceiling['ceiling_threads']} threads)",
                 flush=True,
             )
             torch.set_num_threads(args.threads)  # the ceiling leaves its own count behind

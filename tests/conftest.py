@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from models.cpus import bound_onednn_caches
 from scripts.harness.redis_server import RedisServer
 
+# As surge serve does, before any test module imports torch (models/cpus.py).
+bound_onednn_caches()
 # No test may reach a model hub: everything is built locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -3,7 +3,8 @@
 What a serving system at concurrency B is measured against: B prompts of CEILING_PROMPT_TOKENS
 random tokens, prefilled together, then one token per row per step. Two ways of running it, each
 at every torch thread count from 1 to the CPUs this process may use (on a GPU, one count: CPU
-threads only launch kernels there), and the ceiling is the best of all:
+threads only launch kernels there), each with torch's own linear kernels and, on the CPU, with
+surge's oneDNN packed ones (models/packed_linear.py), and the ceiling is the best of all:
 - `loop`: a hand-written decode loop over a `DynamicCache` (no `generate()` machinery, about 2 ms
   of Python a step less on tiny models); its prefill runs on every CPU, as a burst's prefill may;
 - `generate`: Hugging Face's `model.generate`, greedy, eos ignored (min_new_tokens).
@@ -41,6 +42,8 @@ def ceiling_worker(
     what reached it, and every combination's figure in `tried`."""
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
+
+    from models.packed_linear import pack_linears
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
     generator = torch.Generator().manual_seed(0)
@@ -84,20 +87,24 @@ def ceiling_worker(
         return time.perf_counter() - start, float("nan")
 
     tried: list[dict[str, Any]] = []
-    for method, run in (("loop", loop), ("generate", generate)):
-        for num_threads in threads:
-            run(num_threads)  # warmup
-            total_s, prefill_s = min(run(num_threads) for _ in range(runs))
-            tried.append(
-                {"method": method, "threads": num_threads, "tokens_per_s": batch * new_tokens / total_s}
-                | {"best_s": total_s, "prefill_s": prefill_s}
-            )
+    for kernels in ("torch", "onednn"):
+        if kernels == "onednn" and (on_cuda or not pack_linears(model, rows_hint=batch, min_speedup=0.0)):
+            break  # surge's packed linears (models/packed_linear.py): on the CPU, where this torch has them
+        for method, run in (("loop", loop), ("generate", generate)):
+            for num_threads in threads:
+                run(num_threads)  # warmup
+                total_s, prefill_s = min(run(num_threads) for _ in range(runs))
+                tried.append(
+                    {"kernels": kernels, "method": method, "threads": num_threads}
+                    | {"tokens_per_s": batch * new_tokens / total_s, "best_s": total_s, "prefill_s": prefill_s}
+                )
     best = max(tried, key=lambda t: t["tokens_per_s"])
     decode_s = best["best_s"] - (best["prefill_s"] if best["method"] == "loop" else 0.0)
     return {
         "tokens_per_s": best["tokens_per_s"],
         "best_s": best["best_s"],
         "ceiling_method": best["method"],
+        "ceiling_kernels": best["kernels"],
         "ceiling_threads": best["threads"],
         "decode_step_ms": 1000 * decode_s / max(new_tokens - (best["method"] == "loop"), 1),
         "tried": tried,

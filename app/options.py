@@ -98,7 +98,12 @@ OPTIONS: tuple[Option, ...] = (
         "auth_failures_per_minute", int, "failed authentications per client address and minute before 429s; 0 = off"
     ),
     Option("cors_origin", str, "allowed CORS origin (repeatable, `*` for any)", multiple=True),
-    Option("num_threads", int, "torch CPU threads; 1 avoids contention with the event loop, 0 = torch default"),
+    Option(
+        "num_threads",
+        str,
+        "torch CPU threads for decode steps; `auto` times a decode step at warm-up on 1 up to every CPU and"
+        " takes the count that predicts the most tokens/s beside the HTTP side; 0 = torch default",
+    ),
     Option(
         "prefill_threads",
         int,

@@ -20,7 +20,7 @@ from middleware.dedup.cache import DEDUP_SCOPES
 from middleware.idempotency.asgi import DEFAULT_MAX_STORED_BYTES
 from middleware.idempotency.store import TenantQuota
 from middleware.keys_file import KeysFile, load_keys_file
-from models.config import EngineConfig, ModelConfig, SchedulerConfig
+from models.config import AUTO_THREADS, EngineConfig, ModelConfig, SchedulerConfig
 
 # Each default lives once, on the config object that uses it; the settings take it from there.
 _MODEL = ModelConfig()
@@ -54,7 +54,7 @@ class Settings:
     metrics_key: str = ""
     max_concurrent_per_key: int = 0
     cors_origin: tuple[str, ...] = ()
-    num_threads: int = _MODEL.num_threads
+    num_threads: str = "auto"  # or a count (models/config.py AUTO_THREADS)
     prefill_threads: int = _MODEL.prefill_threads
     engine_mode: str = "process" if _ENGINE.separate_process else "thread"
     engine_nice: int = _ENGINE.nice
@@ -161,7 +161,7 @@ class Settings:
                 self.model,
                 self.device,
                 self.dtype,
-                self.num_threads,
+                parse_threads(self.num_threads),
                 prefill_threads=self.prefill_threads,
                 revision=self.revision,
                 download_attempts=self.download_attempts,
@@ -259,3 +259,16 @@ def parse_settings(argv: Sequence[str] = (), environ: Mapping[str, str] | None =
     env = os.environ if environ is None else environ
     add_serve_arguments(parser, env)
     return settings_from_namespace(parser.parse_args(list(argv)), env)
+
+
+def parse_threads(text: str) -> int:
+    """`--num-threads`: `auto` (measured at warm-up: AUTO_THREADS), 0 (torch's default) or a count."""
+    if text.strip().lower() == "auto":
+        return AUTO_THREADS
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise ValueError(f"num_threads must be auto, 0 (torch's default) or a positive count, not {text!r}")
+    return count

@@ -60,15 +60,19 @@ class SchedulerConfig:
             raise ValueError("max_num_batched_tokens must be greater than max_num_seqs")
 
 
+AUTO_THREADS = -1  # ModelConfig.num_threads: measured at warm-up
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     # "tiny" (the embedded model), a local Hugging Face model directory, or a hub id.
     model: str = "tiny"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    # torch intra-op threads on CPU; 0 leaves torch's default. One thread avoids contention with
-    # the event loop on small machines: a second one slows each step when anything else wants a core.
-    num_threads: int = 1
+    # torch intra-op threads for decode steps on CPU; 0 leaves torch's default; AUTO_THREADS
+    # measures at warm-up (models/threads.py): one thread avoids contention with the HTTP process
+    # for a small model, where a second one slows each step; a larger model gains from more.
+    num_threads: int = AUTO_THREADS
     # torch threads for a step that prefills a burst of prompts (models/threads.py): the HTTP side
     # is idle then, so the other cores can help. 0 = every CPU this process may use; a value not
     # above num_threads turns the switch off.
@@ -87,8 +91,8 @@ class ModelConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"unknown device {self.device!r}")
-        if self.num_threads < 0:
-            raise ValueError("num_threads must be 0 (torch default) or positive")
+        if self.num_threads < 0 and self.num_threads != AUTO_THREADS:
+            raise ValueError("num_threads must be auto, 0 (torch default) or positive")
         if self.prefill_threads < 0:
             raise ValueError("prefill_threads must be 0 (every available CPU) or positive")
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from models.config import SchedulerConfig
+from models.decode_threads import measure_decode_threads
 from models.echo import EchoRunner, echo_token_ids
 from models.engine_request import EngineRequest
 from models.faults import forward_faults_from_env
@@ -392,6 +393,7 @@ class EngineCore:
         while self.scheduler.has_work:
             self.step()
         self.step()  # an empty step applies the slot moves the last finishes left
+        measure_decode_threads(self.runner, self._threads, self.config.max_num_seqs)  # if --num-threads auto
         self.load_stats = LoadStats(clock=self.clock)
         self.num_steps = 0
         self.observer, self._publish = observer, publish

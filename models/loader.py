@@ -19,7 +19,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from models import hub
-from models.config import EngineConfig, ModelConfig
+from models.config import AUTO_THREADS, EngineConfig, ModelConfig
+from models.cpus import prefill_thread_count
 from models.echo import ECHO_MODEL
 from models.packed_linear import pack_linears
 from models.threads import StepThreads, step_threads
@@ -81,6 +82,10 @@ def load_model(config: ModelConfig) -> LoadedModel:
         return load_echo()
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    if config.num_threads == AUTO_THREADS and device.type == "cpu":
+        # Every CPU --prefill-threads allows until warm-up measures the decode count; where that
+        # is one CPU (no policy to switch), the count for good.
+        torch.set_num_threads(prefill_thread_count(1, config.prefill_threads))
     started = time.perf_counter()
     log.info("resolving model %s", config.model)
     path = resolve_model_path(config.model, config.revision, config.download_attempts)

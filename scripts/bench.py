@@ -286,7 +286,7 @@ def transformers_server(
     argv += ["--cb-max-batch-tokens", "1024", "--cb-num-blocks", str(max(64, -(-seq_tokens // 256) * concurrency))]
     argv += ["--host", "127.0.0.1", "--port", "{port}", "--log-level", "warning"]
     # torch reads OMP_NUM_THREADS at import: the same thread count as surge's --num-threads.
-    env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads)}
+    env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.peer_threads)}
     log_path = args.out.parent / f"transformers-c{concurrency}.log"
     return BenchServer("transformers", argv, str(model_dir), log_path, ready_path="/v1/models", env=env)
 
@@ -294,7 +294,7 @@ def transformers_server(
 def naive_server(model_dir: Path, concurrency: int, args: argparse.Namespace) -> BenchServer:
     """scripts/naive_server.py: FastAPI calling `model.generate` for one request at a time."""
     argv = [sys.executable, "-m", "scripts.naive_server", "--model", str(model_dir)]
-    argv += ["--port", "{port}", "--num-threads", str(args.threads)]
+    argv += ["--port", "{port}", "--num-threads", str(args.peer_threads)]
     log_path = args.out.parent / f"naive-c{concurrency}.log"
     return BenchServer(
         "naive", argv, str(model_dir), log_path, ready_path="/health", request_extras={"ignore_eos": True}
@@ -371,7 +371,7 @@ def workload_servers(
     if system == "transformers":
         return [transformers_server(model_dir, spec.concurrency, args, seq_tokens)]
     if system == "llama-server":  # on surge's threads, as the documented prefix runs were
-        return [llama_server(spec.concurrency, args, seq_tokens, (args.threads, args.prefill_threads))]
+        return [llama_server(spec.concurrency, args, seq_tokens, (args.peer_threads, args.prefill_threads))]
     return [make_server(system, model_dir, spec.concurrency, args)]
 
 
@@ -495,7 +495,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (and for the ceiling)")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--prompt-words", type=int, default=DEFAULT_PROMPT_WORDS)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads, for the server and the ceiling")
+    parser.add_argument(
+        "--threads",
+        default="auto",
+        help="surge's --num-threads (`auto`: measured at its warm-up); a count also sets the other "
+        "Python servers' torch threads (with `auto`, 1)",
+    )
     parser.add_argument(
         "--prefill-threads",
         type=int,
@@ -586,7 +591,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--rounds must be at least 1")
     if args.prefill_threads < 0:
         parser.error("--prefill-threads must be 0 (every available CPU) or positive")
-    args.prefill_threads = prefill_thread_count(args.threads, args.prefill_threads)
+    if args.threads != "auto" and not args.threads.isdigit():
+        parser.error("--threads takes `auto` or a count")
+    args.peer_threads = 1 if args.threads == "auto" else int(args.threads)
+    args.prefill_threads = prefill_thread_count(args.peer_threads, args.prefill_threads)
     args.llama_threads = args.llama_threads or available_cpus()
     if args.rate is not None and (args.rate <= 0 or args.duration <= 0):
         parser.error("--rate and --duration must be positive")
@@ -636,7 +644,7 @@ def main(argv: list[str]) -> int:
         f"server takes it (not `transformers serve`: its tokens/s counts the tokens it really produced, see "
         f"`completion tok`); {args.requests_per_client} request(s) per client, closed loop{open_loop}; "
         f"threads: surge --num-threads {args.threads} --prefill-threads {args.prefill_threads}, naive and "
-        f"transformers {args.threads}, llama-server -t {args.llama_threads} -tb {args.llama_threads}. "
+        f"transformers {args.peer_threads}, llama-server -t {args.llama_threads} -tb {args.llama_threads}. "
         f"Ceiling: batch = concurrency, {CEILING_PROMPT_TOKENS}-token prompts, the best of a hand-written greedy "
         f"decode loop and HF generate at 1-{available_cpus()} torch threads, with torch's linear kernels and "
         "oneDNN's packed ones, each the best of 2 after a warmup (scripts/benchkit/ceiling.py)."

@@ -9,6 +9,7 @@ import pytest
 
 from app.options import OPTIONS
 from app.settings import Settings, parse_settings
+from models.config import AUTO_THREADS
 
 
 def test_defaults() -> None:
@@ -55,6 +56,8 @@ def test_settings_are_frozen() -> None:
         ["--prefix-cache-size", "lots"],
         ["--prefix-cache-size", "12 parsecs"],
         ["--prefix-cache-size=-5%"],
+        ["--num-threads", "-1"],
+        ["--num-threads", "many"],
     ],
 )
 def test_invalid_values_raise(argv: list[str]) -> None:
@@ -81,3 +84,10 @@ def test_every_option_is_in_the_configuration_table() -> None:
     table = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     for option in OPTIONS:
         assert f"| `{option.flag}` | `{option.env}` |" in table, option.flag
+
+
+def test_num_threads_is_auto_by_default_or_a_count() -> None:
+    assert parse_settings([], environ={}).engine.model.num_threads == AUTO_THREADS
+    assert parse_settings(["--num-threads", "2"], environ={}).engine.model.num_threads == 2
+    assert parse_settings([], environ={"SURGE_NUM_THREADS": "0"}).engine.model.num_threads == 0  # torch's default
+    assert parse_settings(["--num-threads", "AUTO"], environ={}).engine.model.num_threads == AUTO_THREADS

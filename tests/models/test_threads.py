@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,13 +11,19 @@ from typing import Any
 import pytest
 import torch
 
-from models.config import ModelConfig, SchedulerConfig
+from models.config import AUTO_THREADS, ModelConfig, SchedulerConfig
 from models.cpus import available_cpus
 from models.engine import EngineCore
 from models.loader import load_model
 from models.outputs import RequestOutput
 from models.sampling_params import SamplingParams
-from models.threads import StepThreads, step_threads
+from models.threads import (
+    StepThreads,
+    choose_decode_threads,
+    decode_candidates,
+    predicted_tokens_per_s,
+    step_threads,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -102,3 +109,57 @@ def test_the_engine_prefills_a_burst_on_more_threads_and_decodes_on_one(tiny_mod
     assert steps[0] == (192, 2)
     assert steps[1:] and all(threads == 1 for tokens, threads in steps[1:] if tokens < 128)
     assert sum(out.num_output_tokens == 4 and out.finish_reason is not None for out in outputs) == 6
+
+
+def test_auto_starts_on_one_thread_and_asks_warm_up_to_measure() -> None:
+    policy = step_threads(torch.device("cpu"), AUTO_THREADS, 4)
+    assert policy is not None and (policy.decode, policy.prefill, policy.measure) == (1, 4, True)
+    assert step_threads(torch.device("cpu"), AUTO_THREADS, 1) is None  # one CPU: nothing to choose
+    assert step_threads(torch.device("cuda"), AUTO_THREADS, 4) is None
+    assert not StepThreads(1, 2).measure
+
+
+def test_the_candidates_are_one_the_powers_of_two_and_every_cpu_but_one() -> None:
+    assert decode_candidates(1) == [1]
+    assert decode_candidates(2) == [1, 2]
+    assert decode_candidates(4) == [1, 2, 3, 4]
+    assert decode_candidates(16) == [1, 2, 4, 8, 15, 16]
+
+
+def test_more_threads_are_chosen_only_where_the_http_side_leaves_them_room() -> None:
+    # A 32-row decode step of the tiny m and l on 2 cores, alone (ms at 1 and 2 threads): m's
+    # second thread made serving slower (0.85x), l's faster (1.33x).
+    size_m, size_l = {1: 6.6e-3, 2: 4.8e-3}, {1: 56e-3, 2: 39e-3}
+    assert choose_decode_threads(size_m, rows=32, num_cpus=2) == 1
+    assert choose_decode_threads(size_l, rows=32, num_cpus=2) == 2
+    # With no HTTP side at all the faster step wins; a gain under MIN_GAIN keeps the fewer threads.
+    assert choose_decode_threads(size_m, rows=32, num_cpus=2, http=0.0) == 2
+    assert choose_decode_threads({1: 10e-3, 2: 9.8e-3}, rows=32, num_cpus=2, http=0.0) == 1
+    # The prediction: alone while the threads and the HTTP side fit on the cores, shared beyond.
+    assert predicted_tokens_per_s(0.01, 1, 32, 2, 1e-4) == pytest.approx(3200.0)
+    assert predicted_tokens_per_s(0.01, 2, 32, 2, 1e-4) == pytest.approx(3200.0 * 2 / 2.32)
+
+
+def test_warm_up_measures_the_decode_threads_when_asked(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    loaded = load_model(ModelConfig(str(tiny_model_dir), device="cpu", num_threads=AUTO_THREADS, prefill_threads=2))
+    assert loaded.threads is not None and loaded.threads.measure
+    core = EngineCore(loaded, SchedulerConfig(max_num_seqs=4, max_model_len=256), lambda outputs: None)
+    with caplog.at_level("INFO", logger="surge.engine"):
+        core.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not core.is_warm and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert core.is_warm
+        finally:
+            core.stop()
+    assert loaded.threads.decode in (1, 2)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("decode threads:"))
+    assert "1 thread(s)" in line and "2 thread(s)" in line and "a 4-row decode step" in line
+
+
+def test_auto_with_one_cpu_to_choose_from_runs_on_that_one(tiny_model_dir: Path) -> None:
+    torch.set_num_threads(2)
+    loaded = load_model(ModelConfig(str(tiny_model_dir), device="cpu", num_threads=AUTO_THREADS, prefill_threads=1))
+    assert loaded.threads is None
+    assert torch.get_num_threads() == 1  # not torch's default of every core

@@ -15,7 +15,9 @@ tiny models (8-64 rows against 256-3,072 features), GFLOPS per call:
 Whether it pays is measured, not assumed: `pack_linears` times one of the model's own layers
 both ways at load and keeps MKL where oneDNN is not faster (an Intel core where MKL is at home),
 or where the packed op is missing or disagrees with `F.linear` beyond float32 rounding. The
-results match MKL's to rounding (the order of the sums differs), not bit for bit.
+results match MKL's to rounding (the order of the sums differs), not bit for bit. Row counts are
+rounded up to a few sizes first (models/row_buckets.py): oneDNN builds and caches a kernel per
+input shape.
 
 NOTE: `torch.ops.mkldnn._reorder_linear_weight` and `_linear_pointwise` are the private ops
 torch's own compiler (inductor, weight freezing) emits for CPU linears; torch is pinned, and any
@@ -29,6 +31,8 @@ import time
 
 import torch
 from torch import nn
+
+from models.row_buckets import pad_rows
 
 log = logging.getLogger("surge.engine")
 
@@ -46,7 +50,9 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.mkldnn._linear_pointwise(pad_rows(rows), self.packed, self.bias, "none", [], "")
+        return out[: rows.shape[0]].reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, onednn"

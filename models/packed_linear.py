@@ -95,7 +95,18 @@ def pack_linears(model: nn.Module, rows_hint: int, min_speedup: float | None = N
 @torch.inference_mode()
 def _probe(linear: nn.Linear, rows: int) -> float:
     """How much faster the packed op runs `linear` on `rows` rows than F.linear (best of a few
-    timings each, interleaved); raises if its result is not F.linear's to float32 rounding."""
+    timings each, interleaved, on one thread: at start-up the HTTP process is importing beside
+    the engine, and on 2 cores a 2-thread probe sharing a core with it once read 0.87x for a
+    kernel 1.9x as fast); raises if its result is not F.linear's to float32 rounding."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _timed_speedup(linear, rows)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _timed_speedup(linear: nn.Linear, rows: int) -> float:
     x = torch.randn(rows, linear.in_features)
     packed = PackedLinear(linear, rows)
     expected, got = nn.functional.linear(x, linear.weight, linear.bias), packed(x)

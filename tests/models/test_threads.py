@@ -13,6 +13,7 @@ import torch
 
 from models.config import AUTO_THREADS, ModelConfig, SchedulerConfig
 from models.cpus import available_cpus
+from models.decode_threads import fastest, had_its_cores
 from models.engine import EngineCore
 from models.loader import load_model
 from models.outputs import RequestOutput
@@ -163,3 +164,17 @@ def test_auto_with_one_cpu_to_choose_from_runs_on_that_one(tiny_model_dir: Path)
     loaded = load_model(ModelConfig(str(tiny_model_dir), device="cpu", num_threads=AUTO_THREADS, prefill_threads=1))
     assert loaded.threads is None
     assert torch.get_num_threads() == 1  # not torch's default of every core
+
+
+def test_a_timing_that_shared_its_cores_is_set_aside() -> None:
+    # At start-up the HTTP process imports beside the engine: a 2-thread step that got one core
+    # for its wall time is slow for a reason serving will not have.
+    assert had_its_cores(cpu_s=0.195, wall_s=0.1, threads=2)
+    assert not had_its_cores(cpu_s=0.12, wall_s=0.1, threads=2)
+    assert had_its_cores(cpu_s=0.1, wall_s=0.1, threads=1)
+    every = {1: [0.15, 0.13], 2: [0.20, 0.09, 0.30]}
+    assert fastest({1: [0.15], 2: [0.30]}, every) == {1: 0.15, 2: 0.30}
+    assert fastest({1: [], 2: []}, every) == {1: 0.13, 2: 0.09}  # none clean: the fastest of all
+    # 2 never clean: the 1-thread timing scaled by the parallel efficiency, if that is faster.
+    assert fastest({1: [0.15], 2: []}, {1: [0.15], 2: [0.2, 0.3]}) == {1: 0.15, 2: pytest.approx(0.15 / 1.35)}
+    assert fastest({1: [0.15], 2: []}, {1: [0.15], 2: [0.08]}) == {1: 0.15, 2: 0.08}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from middleware.dedup.cache import DEDUP_SCOPES
+from models.config import QUANTIZATIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,13 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "`auto`: float32 on CPU, bfloat16 (or float16) on GPU",
         choices=("auto", "float32", "bfloat16", "float16"),
+    ),
+    Option(
+        "quantization",
+        str,
+        "`int8`: linear layers with 8-bit weights and per-token 8-bit activations (7 on x86 without VNNI;"
+        " CPU only): a quarter of their memory, faster where matmuls dominate; `none`: the weights as loaded",
+        choices=QUANTIZATIONS,
     ),
     Option("max_num_seqs", int, "sequences decoded together; each holds one KV-cache slot"),
     Option(

@@ -36,6 +36,7 @@ class Settings:
     model: str = _MODEL.model
     revision: str = _MODEL.revision
     download_attempts: int = _MODEL.download_attempts
+    quantization: str = _MODEL.quantization
     host: str = "127.0.0.1"
     port: int = 8000
     device: str = _MODEL.device
@@ -165,6 +166,7 @@ class Settings:
                 prefill_threads=self.prefill_threads,
                 revision=self.revision,
                 download_attempts=self.download_attempts,
+                quantization=self.quantization,
             ),
             scheduler=SchedulerConfig(
                 self.max_num_seqs,

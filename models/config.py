@@ -61,6 +61,7 @@ class SchedulerConfig:
 
 
 AUTO_THREADS = -1  # ModelConfig.num_threads: measured at warm-up
+QUANTIZATIONS = ("none", "int8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +84,17 @@ class ModelConfig:
     # 5xx from the hub), with exponential backoff between them; an error that retrying cannot
     # change (no such repository, gated, offline mode) fails at once.
     download_attempts: int = 5
+    # "int8": the linear layers' weights in 8 bits, activations quantized per token at each call
+    # (models/int8_linear.py; CPU only). "none": the weights as loaded, in `dtype`.
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
         if self.download_attempts < 1:
             raise ValueError("download_attempts must be at least 1")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {self.quantization!r}; expected one of {', '.join(QUANTIZATIONS)}")
+        if self.quantization == "int8" and self.device.startswith("cuda"):
+            raise ValueError("quantization int8 runs on the CPU only (oneDNN's int8 kernels); use --device cpu")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):

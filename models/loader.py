@@ -22,6 +22,7 @@ from models import hub
 from models.config import AUTO_THREADS, EngineConfig, ModelConfig
 from models.cpus import prefill_thread_count
 from models.echo import ECHO_MODEL
+from models.int8_linear import quantize_linears
 from models.packed_linear import pack_linears
 from models.threads import StepThreads, step_threads
 from models.tokenizer import Tokenizer
@@ -82,6 +83,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
         return load_echo()
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    if config.quantization == "int8" and device.type != "cpu":
+        raise ValueError(f"quantization int8 runs on the CPU only (oneDNN's int8 kernels), not on {device}")
     if config.num_threads == AUTO_THREADS and device.type == "cpu":
         # Every CPU --prefill-threads allows until warm-up measures the decode count; where that
         # is one CPU (no policy to switch), the count for good.
@@ -102,12 +105,15 @@ def load_model(config: ModelConfig) -> LoadedModel:
     max_pos = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None)
     eos = _eos_ids(model)
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    if device.type == "cpu":
+    num_parameters = sum(p.numel() for p in model.parameters())  # before packing: packed weights are not parameters
+    if config.quantization == "int8":
+        quantize_linears(model, rows_hint=PACK_ROWS_HINT)
+    elif device.type == "cpu":
         pack_linears(model, rows_hint=PACK_ROWS_HINT)
     log.info(
         "loaded %s (%.1fM parameters) in %.1f s",
         Path(path).name or path,
-        sum(p.numel() for p in model.parameters()) / 1e6,
+        num_parameters / 1e6,
         time.perf_counter() - started,
     )
     return LoadedModel(

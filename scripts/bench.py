@@ -236,7 +236,7 @@ def surge_server(
 ) -> BenchServer:
     """`surge serve` as the bench runs it; `stack=None` is the plain run at the server's defaults."""
     argv = surge_argv(model_dir, "--num-threads", str(args.threads), "--max-num-seqs", str(max(concurrency, 32)))
-    argv += ["--prefill-threads", str(args.prefill_threads)]
+    argv += ["--prefill-threads", str(args.prefill_threads), "--quantization", args.quantization]
     if args.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     if stack is not None:
@@ -547,6 +547,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--gguf", type=Path, help="the GGUF model llama-server serves")
     parser.add_argument(
+        "--quantization",
+        choices=("none", "int8"),
+        default="none",
+        help="surge's --quantization; with int8, --build-llama-server serves a Q8_0 GGUF of the same weights",
+    )
+    parser.add_argument(
         "--llama-threads",
         type=int,
         default=0,
@@ -631,7 +637,8 @@ def main(argv: list[str]) -> int:
     if args.build_llama_server and "llama-server" in args.systems:
         llama_dir = args.cache_dir / "llama.cpp"
         args.llama_server = args.llama_server or llama.ensure_llama_server(llama_dir)
-        args.gguf = args.gguf or llama.ensure_gguf(model_dir, llama_dir)
+        outtype = "q8_0" if args.quantization == "int8" else "f32"
+        args.gguf = args.gguf or llama.ensure_gguf(model_dir, llama_dir, outtype)
     if args.workload:
 
         def servers(spec: prefix.WorkloadSpec) -> list[SystemUnderTest]:
@@ -648,6 +655,12 @@ def main(argv: list[str]) -> int:
         f"Ceiling: batch = concurrency, {CEILING_PROMPT_TOKENS}-token prompts, the best of a hand-written greedy "
         f"decode loop and HF generate at 1-{available_cpus()} torch threads, with torch's linear kernels and "
         "oneDNN's packed ones, each the best of 2 after a warmup (scripts/benchkit/ceiling.py)."
+        + (
+            f" Weights: surge --quantization int8, llama-server `{args.gguf.name if args.gguf else '--gguf'}`; the "
+            "ceiling and the Python peers in float32."
+            if args.quantization == "int8"
+            else ""
+        )
         + (
             f" {args.rounds} rounds, interleaved (each round: the ceiling, then every system on a fresh server;"
             " naive in the first only); tokens/s, req/s and vs ceiling are medians of the rounds, latencies"

@@ -62,15 +62,22 @@ def source_tree(cache_dir: Path) -> Path:
 
 def ensure_llama_server(cache_dir: Path) -> Path:
     """The llama-server binary, built on first use."""
-    binary = cache_dir / "build" / "bin" / "llama-server"
+    return ensure_llama_tool(cache_dir, "llama-server")
+
+
+def ensure_llama_tool(cache_dir: Path, target: str) -> Path:
+    """A llama.cpp binary (`llama-server`, `llama-perplexity`), built on first use; a second
+    target reuses the first one's libraries (a minute or two)."""
+    binary = cache_dir / "build" / "bin" / target
     if binary.exists():
         return binary
     if shutil.which("cmake") is None:
-        raise RuntimeError("building llama-server needs cmake (apt install cmake)")
+        raise RuntimeError(f"building {target} needs cmake (apt install cmake)")
     tree, build = source_tree(cache_dir), cache_dir / "build"
     _run(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_FLAGS], "configuring")
     jobs = str(os.cpu_count() or 2)
-    _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], "building (about 13 min on 2 cores)")
+    what = f"building {target} (about 13 min on 2 cores, the first target)"
+    _run(["cmake", "--build", str(build), "--target", target, "-j", jobs], what)
     return binary
 
 

@@ -1,0 +1,104 @@
+"""8-bit linear layers on the CPU (`--quantization int8`): int8 weights, activations quantized per
+row at each call, the products summed in int32 by oneDNN.
+
+Weights: symmetric int8 per output channel (scale = the row's largest magnitude / 127), packed
+once for oneDNN; the float32 weight is not kept, so each layer holds a quarter of its bytes.
+Activations: symmetric per row (per token), scale = the row's largest magnitude / `qmax`, shifted
+by a zero point into uint8, the layout x86's int8 dot-product instructions take (u8 x s8). The
+kernel is told one scale for all rows (1.0) and the output is multiplied by each row's own scale
+afterwards, so a token with small activations keeps its precision beside one with large ones.
+Row counts are rounded up as for the float32 kernels (models/row_buckets.py).
+
+`qmax` is 127 where the kernel sums exactly. On x86 without VNNI (AVX2, AVX-512 before Cascade
+Lake) the u8 x s8 instruction adds pairs of products into int16 and saturates: with activations up
+to 255 a pair reaches 2 x 255 x 127 and is clipped (a 1.7% relative error on a layer of the tiny
+`l`, measured). There activations take 7 bits (|q| <= 63 around a zero point of 64, so a pair stays
+under 2 x 127 x 127 < 2^15), as fbgemm's `reduce_range` does. Which case holds is found by a probe
+at load: the worst case for saturation, summed by the kernel and exactly.
+
+NOTE: `torch.ops.onednn.qlinear_prepack` and `qlinear_pointwise` are the ops torch's compiler
+(inductor, x86 int8) emits for quantized linears; torch is pinned, and where they are missing the
+model loads unquantized with an error naming the cause.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from models.row_buckets import pad_rows
+
+log = logging.getLogger("surge.engine")
+
+WEIGHT_QMAX = 127
+
+
+class Int8Linear(nn.Module):
+    """`nn.Linear`'s forward on int8 weights (per output channel) and int8 activations (per row)."""
+
+    def __init__(self, linear: nn.Linear, qmax: int, rows_hint: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()
+        scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / WEIGHT_QMAX
+        qweight = torch.round(weight / scale[:, None]).clamp_(-WEIGHT_QMAX, WEIGHT_QMAX).to(torch.int8)
+        self.packed = torch.ops.onednn.qlinear_prepack(qweight, [rows_hint, self.in_features])
+        self.weight_scale = scale
+        self.weight_zero = torch.zeros(self.out_features, dtype=torch.int64)
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        self.qmax, self.zero = qmax, qmax + 1  # uint8 codes 1..2*qmax+1 around the zero point
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()  # a no-op on float32; bfloat16 models pass through
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30).div_(self.qmax)
+        codes = pad_rows(torch.round(rows / scale).add_(self.zero).to(torch.uint8), fill=self.zero)
+        out = torch.ops.onednn.qlinear_pointwise(
+            codes, 1.0, self.zero, self.packed, self.weight_scale, self.weight_zero,
+            None, 1.0, 0, torch.float32, "none", [], "",
+        )[: rows.shape[0]]  # fmt: skip
+        out.mul_(scale)
+        if self.bias is not None:
+            out.add_(self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 (activations {self.qmax})"
+
+
+def activation_qmax() -> int:
+    """127 where oneDNN's int8 kernel sums u8 x s8 products exactly on this CPU, 63 where it
+    saturates (no VNNI): the probe sums the worst case, 255 x 127 in every position."""
+    rows, features = 4, 64
+    codes = torch.full((rows, features), 255, dtype=torch.uint8)
+    weight = torch.full((8, features), 127, dtype=torch.int8)
+    packed = torch.ops.onednn.qlinear_prepack(weight, [rows, features])
+    out = torch.ops.onednn.qlinear_pointwise(
+        codes, 1.0, 0, packed, torch.ones(8), torch.zeros(8, dtype=torch.int64),
+        None, 1.0, 0, torch.float32, "none", [], "",
+    )  # fmt: skip
+    return 127 if bool((out == 255 * 127 * features).all()) else 63
+
+
+def quantize_linears(model: nn.Module, rows_hint: int) -> int:
+    """Swap every float32 `nn.Linear` of a CPU model for an Int8Linear (a weight shared by two
+    layers, tied embeddings' head among them, is quantized once); returns how many. Raises
+    RuntimeError where this torch build lacks the int8 ops."""
+    if not hasattr(torch.ops.onednn, "qlinear_pointwise") or not torch.backends.mkldnn.is_available():
+        raise RuntimeError("this torch build has no oneDNN int8 linear (torch.ops.onednn.qlinear_pointwise)")
+    qmax = activation_qmax()
+    done: dict[int, Int8Linear] = {}
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not nn.Linear or child.weight.device.type != "cpu":
+                continue
+            if id(child) not in done:
+                done[id(child)] = Int8Linear(child, qmax, rows_hint)
+            setattr(parent, name, done[id(child)])
+    if not done:
+        log.warning("quantization int8: the model has no nn.Linear layers to quantize (GPT-2's are Conv1D)")
+    else:
+        bits = 8 if qmax == WEIGHT_QMAX else 7
+        log.info("linear layers: int8 (%d layers, activations per token in %d bits)", len(done), bits)
+    return len(done)

@@ -17,8 +17,9 @@ under 2 x 127 x 127 < 2^15), as fbgemm's `reduce_range` does. Which case holds i
 at load: the worst case for saturation, summed by the kernel and exactly.
 
 NOTE: `torch.ops.onednn.qlinear_prepack` and `qlinear_pointwise` are the ops torch's compiler
-(inductor, x86 int8) emits for quantized linears; torch is pinned, and where they are missing the
-model loads unquantized with an error naming the cause.
+(inductor, x86 int8) emits for quantized linears; torch is pinned. Where they are missing or fail
+on this CPU, loading stops with an error naming the cause: a server asked for int8 does not serve
+float32 behind the operator's back.
 """
 
 from __future__ import annotations
@@ -84,10 +85,13 @@ def activation_qmax() -> int:
 def quantize_linears(model: nn.Module, rows_hint: int) -> int:
     """Swap every float32 `nn.Linear` of a CPU model for an Int8Linear (a weight shared by two
     layers, tied embeddings' head among them, is quantized once); returns how many. Raises
-    RuntimeError where this torch build lacks the int8 ops."""
+    ValueError where this torch build or CPU cannot run the int8 ops."""
     if not hasattr(torch.ops.onednn, "qlinear_pointwise") or not torch.backends.mkldnn.is_available():
-        raise RuntimeError("this torch build has no oneDNN int8 linear (torch.ops.onednn.qlinear_pointwise)")
-    qmax = activation_qmax()
+        raise ValueError("quantization int8: this torch build has no oneDNN int8 linear")
+    try:
+        qmax = activation_qmax()
+    except RuntimeError as exc:
+        raise ValueError(f"quantization int8: oneDNN's int8 linear fails on this CPU ({exc})") from exc
     done: dict[int, Int8Linear] = {}
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

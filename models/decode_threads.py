@@ -21,7 +21,10 @@ log = logging.getLogger("surge.engine")
 
 PROMPT_TOKENS = 16
 SAMPLES = 3  # clean timings wanted per count
-BUDGET_S = 5.0  # and the most warm-up spends waiting for them
+# And the most warm-up spends waiting for them: 20 turns (a tiny model's steps take a millisecond,
+# and a server in a busy test suite never gets clean ones), and at most 5 s for a large model.
+MAX_TURNS = 20
+BUDGET_S = 5.0
 # A timing is clean where the process's CPU time reached this share of threads x wall: uncontended,
 # a 2-thread decode step of the tiny `l` ran at 1.94-2.02 (OpenMP's waiting threads spin).
 CLEAN_SHARE = 0.9
@@ -51,8 +54,8 @@ def time_decode_steps(
     start-up the HTTP process is still importing beside the engine, and a step sharing a core with
     it is timed slow, the many-thread one worst (on 2 cores such timings once made 1 thread look
     faster than 2 for `l`, and serving ran at 0.7x). Turns go on until every count has `samples`
-    such timings or `budget_s` has passed; each count's fastest clean timing, or its fastest of
-    any where none was clean."""
+    such timings, MAX_TURNS turns are done or `budget_s` has passed; each count's fastest clean
+    timing, or an estimate where none was clean (`fastest`)."""
     seqs = []
     for i in range(num_rows):
         seq = Sequence(f"threads-{i}", [0] * PROMPT_TOKENS, SamplingParams(max_tokens=2, ignore_eos=True))
@@ -77,7 +80,8 @@ def time_decode_steps(
             every[threads].append(wall)
             if had_its_cores(time.process_time() - cpu, wall, threads):
                 clean[threads].append(wall)
-        if all(len(times) >= samples for times in clean.values()) or time.monotonic() > deadline:
+        done = all(len(times) >= samples for times in clean.values())
+        if done or turn + 1 >= MAX_TURNS or time.monotonic() > deadline:
             break
     return fastest(clean, every)
 

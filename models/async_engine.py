@@ -22,13 +22,11 @@ from types import TracebackType
 from typing import Protocol
 
 from models.config import EngineConfig
-from models.engine import EngineCore
 from models.engine_process import EngineProcess
 from models.engine_spawn import SpawnedEngine
 from models.gpu import GpuStat
 from models.grammar import GrammarCompiler
 from models.load_stats import LoadSnapshot
-from models.loader import load_model, resolve_max_model_len
 from models.observer import NULL_OBSERVER, EngineObserver
 from models.outputs import EngineDeadError, RequestOutput
 from models.prefix_cache import PrefixCacheStats
@@ -210,6 +208,11 @@ class AsyncEngine:
             engine = cls(process, tokenizer, process.engine_config, groups, observer)
             await asyncio.to_thread(engine.grammars.prepare)
             return engine
+        # Imported here, not at the top: with the engine in a child process this process never
+        # imports torch or transformers' models (seconds of start-up, hundreds of MiB).
+        from models.engine import EngineCore
+        from models.loader import load_model, resolve_max_model_len
+
         loaded = await asyncio.to_thread(load_model, config.model)
         config = resolve_max_model_len(config, loaded)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import signal
 import threading
 import time
@@ -167,6 +168,7 @@ def serve_engine(
             loaded.path,
             list(loaded.tokenizer.eos_token_ids),
             config.scheduler.max_model_len,
+            pickle.dumps(loaded.tokenizer.hf, protocol=pickle.HIGHEST_PROTOCOL),
         )
     )
     observer = RecordingObserver()

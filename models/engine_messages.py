@@ -107,9 +107,14 @@ WireOutput = tuple[str, str, list[int], int, int, list[Any], str | None, str | N
 
 
 class Loaded(NamedTuple):
-    path: str  # the model directory: the server loads its own tokenizer from it
+    path: str  # the model directory
     eos_token_ids: list[int]
     max_model_len: int  # resolved against the model's own limit
+    # The child's Hugging Face tokenizer, pickled: the server unpickles it off its event loop. One
+    # tokenizer, as AutoTokenizer chose it, on both sides; and the server never imports torch,
+    # which transformers' AutoTokenizer does (through its config classes), but the tokenizer
+    # classes themselves do not.
+    tokenizer: bytes
 
 
 class LoadFailed(NamedTuple):

@@ -53,7 +53,6 @@ from models.engine_messages import (
 from models.engine_spawn import SpawnedEngine, spawn_engine
 from models.gpu import GpuStat
 from models.load_stats import LoadSnapshot, LoadStats
-from models.loader import load_tokenizer
 from models.observer import EngineObserver
 from models.outputs import ENGINE_STOPPED, EngineDeadError, RequestOutput
 from models.prefix_cache import PrefixCacheStats
@@ -117,15 +116,14 @@ class EngineProcess:
     # --- start-up -------------------------------------------------------------------------
 
     async def wait_started(self) -> Tokenizer:
-        """Wait for the model to load (raise if it failed), load the tokenizer, wait for warmup."""
+        """Wait for the model to load (raise if it failed), take its tokenizer, wait for warmup."""
         try:
             loaded = await self._loaded
             scheduler = replace(self.engine_config.scheduler, max_model_len=loaded.max_model_len)
             self.engine_config = replace(self.engine_config, scheduler=scheduler)
-            # The tokenizer loads here while the child warms up.
-            tokenizer = await asyncio.to_thread(
-                load_tokenizer, self.engine_config.model, loaded.path, loaded.eos_token_ids
-            )
+            # The tokenizer unpickles here while the child warms up.
+            hf_tokenizer = await asyncio.to_thread(pickle.loads, loaded.tokenizer)
+            tokenizer = Tokenizer(hf_tokenizer, loaded.eos_token_ids)
             await self._warm.wait()
             if self.dead is not None:
                 raise EngineDeadError(f"warmup failed: {self.dead}")

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-
-import torch
+import sys
 
 log = logging.getLogger("surge.engine")
 
@@ -22,8 +21,12 @@ GpuStat = tuple[str, int, float | None]
 
 def read_gpu_stats() -> list[GpuStat]:
     """One entry per CUDA device, once this process uses CUDA; [] otherwise (never creates a
-    context on an idle GPU). Never raises: a metric must not fail a step or a scrape."""
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    context on an idle GPU). Never raises: a metric must not fail a step or a scrape.
+
+    A process that has not imported torch (the HTTP process beside an engine process) uses no
+    CUDA, and must not import torch (seconds and hundreds of MiB) to learn so."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return []
     stats: list[GpuStat] = []
     for index in range(torch.cuda.device_count()):

@@ -9,7 +9,8 @@ on the caller's thread (the engine process's receiver), never on the step loop.
 
 Per step, `fill_bitmask` asks the matchers of the constrained rows what they allow next
 (models/grammar_masks.py, while the model runs); the sampler applies it; after sampling, each
-matcher consumes its row's token.
+matcher consumes its row's token. No torch here: the HTTP process checks grammars with this
+module, and it imports no torch (models/grammar_masks.py holds the tensor half).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
 import numpy as np
-import torch
 from llguidance import LLMatcher
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # the HTTP process imports this module: transformers only where it is used
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -156,18 +158,3 @@ def fill_bitmask(matchers: Sequence[LLMatcher], vocab_size: int) -> np.ndarray:
     for i, matcher in enumerate(matchers):
         matcher.unsafe_compute_mask_ptr(bitmask[i].ctypes.data, words * 4)
     return bitmask
-
-
-def unpack_disallowed(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
-    """(n, vocab_size) bool on the CPU, True where a row of `bitmask` forbids the token.
-
-    One `unpackbits` over all rows turns the bits into bytes, far cheaper than a torch
-    bit-twiddling kernel (llguidance's own torch helper needs torch.compile, seconds on first use).
-    """
-    allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, count=vocab_size, bitorder="little")  # (n, V)
-    return torch.from_numpy(allowed) == 0
-
-
-def fill_disallowed(matchers: Sequence[LLMatcher], vocab_size: int) -> torch.Tensor:
-    """(n, vocab_size) bool, True where matchers[i] forbids the token next. On the CPU."""
-    return unpack_disallowed(fill_bitmask(matchers, vocab_size), vocab_size)

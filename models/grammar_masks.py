@@ -22,7 +22,22 @@ import numpy as np
 import torch
 from llguidance import LLMatcher
 
-from models.grammar import fill_bitmask, unpack_disallowed
+from models.grammar import fill_bitmask
+
+
+def unpack_disallowed(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
+    """(n, vocab_size) bool on the CPU, True where a row of `bitmask` forbids the token.
+
+    One `unpackbits` over all rows turns the bits into bytes, far cheaper than a torch
+    bit-twiddling kernel (llguidance's own torch helper needs torch.compile, seconds on first use).
+    """
+    allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, count=vocab_size, bitorder="little")  # (n, V)
+    return torch.from_numpy(allowed) == 0
+
+
+def fill_disallowed(matchers: Sequence[LLMatcher], vocab_size: int) -> torch.Tensor:
+    """(n, vocab_size) bool, True where matchers[i] forbids the token next. On the CPU."""
+    return unpack_disallowed(fill_bitmask(matchers, vocab_size), vocab_size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,20 +137,6 @@ def load_echo() -> LoadedModel:
     return LoadedModel(None, Tokenizer(hf_tokenizer, eos), ECHO_MODEL, tiny.MAX_POSITION_EMBEDDINGS, tiny.VOCAB_SIZE)
 
 
-def load_tokenizer(config: ModelConfig, path: str, eos_token_ids: list[int]) -> Tokenizer:
-    """The tokenizer alone, for the server side of an engine process that holds the weights.
-
-    `path` and `eos_token_ids` come from the engine process, which resolved the model (built
-    the embedded one, read the generation config), so both sides agree.
-    """
-    if config.model == ECHO_MODEL:
-        from models import tiny
-
-        return Tokenizer(AutoTokenizer.from_pretrained(tiny.ensure_tokenizer()), eos_token_ids)
-    hf_tokenizer = AutoTokenizer.from_pretrained(path)
-    return Tokenizer(hf_tokenizer, eos_token_ids)
-
-
 # For models whose config states no context length (rare).
 DEFAULT_MAX_MODEL_LEN = 2048
 

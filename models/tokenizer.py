@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from models.control_tokens import ControlTokens
+
+if TYPE_CHECKING:  # the HTTP process imports this module: transformers only where it is used
+    from transformers import PreTrainedTokenizerBase
 
 # Used only when a model ships no chat template (base models such as GPT-2): plain ChatML.
 DEFAULT_CHAT_TEMPLATE = (

@@ -84,7 +84,8 @@ def bench_llguidance(hf_tokenizer: Any, steps: int, seed: int) -> dict[str, Any]
     import llguidance.hf
     import torch
 
-    from models.grammar import fill_disallowed, json_schema_grammar
+    from models.grammar import json_schema_grammar
+    from models.grammar_masks import fill_disallowed
 
     tokenizer, setup_s = timed(lambda: llguidance.hf.from_tokenizer(hf_tokenizer))
     vocab = tokenizer.vocab_size

@@ -84,6 +84,12 @@ class OverloadConfig:
     sdk_fraction: float = 0.2
     probe_rate: float = 4.0  # requests/s of the separate probe process (scripts/reliability/probe.py)
     client_idle: bool = True  # the load generator under SCHED_IDLE (see common.on_an_idle_thread)
+    # The engine's decode threads. SCHED_IDLE gives the generator only the CPU nothing else wants,
+    # so the engine must leave it a core: under `--num-threads auto` a 2-core box picked 2 decode
+    # threads for the tiny model (5.5 ms a step against 6.4), the generator got 0.05 cores, its
+    # Poisson arrivals reached the server at half their rate, and nothing was overloaded.
+    # 0: the server's own choice (`auto`).
+    engine_threads: int = 1
     extra_server_args: tuple[str, ...] = ()  # --server-arg
     # Degradation: a full queue scores max_queued / queue_depth = 2, i.e. level 2 (clamps and no
     # logprobs, which cost this load nothing); level 3's canned replies would not be goodput.
@@ -117,6 +123,8 @@ class OverloadConfig:
             "--degrade-cooldown-seconds",
             str(self.cooldown_s),
         ]
+        if self.engine_threads:
+            args += ["--num-threads", str(self.engine_threads)]
         if self.degrade_queue_seconds is not None:
             args += ["--degrade-queue-seconds", str(self.degrade_queue_seconds)]
         if self.degrade_ttft_seconds is not None:

@@ -30,6 +30,11 @@ def engine_pid(server: ServerProcess) -> int:
     return spawned[0]
 
 
+def torch_mapped(pid: int) -> bool:
+    """Whether the process has torch's C++ library loaded."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -94,6 +99,9 @@ def test_streams_and_metrics_cross_the_process_boundary(tiny_model_dir: Path, tm
         )
         assert json.loads(formatted.choices[0].message.content or "")["k"] in ("a", "b")
         assert metric(server.url, "surge_grammar_mask_seconds_count") >= 1  # observed in the engine process
+        # After chats, a grammar and a scrape, torch is mapped in the engine process only: the
+        # server took the child's pickled tokenizer rather than AutoTokenizer (which imports torch).
+        assert not torch_mapped(server.proc.pid) and torch_mapped(pid)
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=30) == 0
         assert wait_gone(pid)

@@ -16,7 +16,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from app.tools.formats import FORMATS
 from app.tools.grammar import CallGrammar, FunctionSpec, hermes_grammar, llama3_grammar, mistral_grammar
 from models import tiny
-from models.grammar import GrammarCompiler, fill_disallowed
+from models.grammar import GrammarCompiler
+from models.grammar_masks import fill_disallowed
 from models.sampler import Sampler, SamplingRow, make_generator
 from models.sampling_params import SamplingParams
 

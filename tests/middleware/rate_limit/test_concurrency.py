@@ -17,7 +17,16 @@ def test_one_keys_burst_cannot_take_every_place(tiny_model_dir: Path, tmp_path: 
     places and every other tenant got 503s. Each key now has its limit in flight; others go on."""
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({"sk-burst": None, "sk-other": {"max_concurrent": 0}}))  # 0: no limit for it
-    settings = {"max_model_len": 2048, "max_num_seqs": 2, "keys_file": str(keys), "max_concurrent_per_key": 2}
+    # A third slot for the other tenant, so it is served at once rather than queued behind 1,500-token
+    # streams; degradation off: a long queue wait would shed the last request with a 503, which is
+    # degradation's test, not this one's.
+    settings = {
+        "max_model_len": 2048,
+        "max_num_seqs": 3,
+        "keys_file": str(keys),
+        "max_concurrent_per_key": 2,
+        "degrade_thresholds": "",
+    }
     with running_server(tiny_model_dir, **settings) as live:  # type: ignore[arg-type]
         url = f"{live.url}/v1/chat/completions"
 
@@ -41,7 +50,9 @@ def test_one_keys_burst_cannot_take_every_place(tiny_model_dir: Path, tmp_path: 
             finally:
                 for stream in streams:
                     stream.__exit__(None, None, None)
-            # Its requests ended (closed): the key has its places back.
+            # Its requests ended (closed): once the server has seen the disconnects (the engine has
+            # dropped both streams), the key has its places back.
+            live.wait_idle()
             assert client.post(url, json={**LONG, "max_tokens": 1}, headers=headers("sk-burst")).status_code == 200
             metrics = client.get(f"{live.url}/metrics").text
             assert f'surge_rate_limited_requests_total{{bucket="concurrency",model="{MODEL_NAME}"}} 1.0' in metrics

@@ -187,9 +187,7 @@ def test_stalled_readers_keep_memory_bounded_and_others_going(
 
     # Once they hang up, their responses end, nothing of them is left and the server serves as before.
     deadline = time.monotonic() + 15
-    while (
-        metric(server.url, "http_requests_total", handler=CHAT) < answered + rounds * NORMAL_STREAMS + num_stalled
-    ):
+    while metric(server.url, "http_requests_total", handler=CHAT) < answered + rounds * NORMAL_STREAMS + num_stalled:
         assert time.monotonic() < deadline, "the responses of clients that hung up never ended"
         time.sleep(0.1)
     wait_idle(server.url)

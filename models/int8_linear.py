@@ -29,6 +29,7 @@ import logging
 import torch
 from torch import nn
 
+from models.linear_swap import cpu_linears, swap_linears
 from models.row_buckets import pad_rows
 
 log = logging.getLogger("surge.engine")
@@ -83,26 +84,19 @@ def activation_qmax() -> int:
 
 
 def quantize_linears(model: nn.Module, rows_hint: int) -> int:
-    """Swap every float32 `nn.Linear` of a CPU model for an Int8Linear (a weight shared by two
-    layers, tied embeddings' head among them, is quantized once); returns how many. Raises
-    ValueError where this torch build or CPU cannot run the int8 ops."""
+    """Swap every `nn.Linear` of a CPU model for an Int8Linear (a layer under two names is
+    quantized once); returns how many. Raises ValueError where this torch build or CPU cannot run
+    the int8 ops."""
     if not hasattr(torch.ops.onednn, "qlinear_pointwise") or not torch.backends.mkldnn.is_available():
         raise ValueError("quantization int8: this torch build has no oneDNN int8 linear")
     try:
         qmax = activation_qmax()
     except RuntimeError as exc:
         raise ValueError(f"quantization int8: oneDNN's int8 linear fails on this CPU ({exc})") from exc
-    done: dict[int, Int8Linear] = {}
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear or child.weight.device.type != "cpu":
-                continue
-            if id(child) not in done:
-                done[id(child)] = Int8Linear(child, qmax, rows_hint)
-            setattr(parent, name, done[id(child)])
-    if not done:
+    count = swap_linears(cpu_linears(model), lambda linear: Int8Linear(linear, qmax, rows_hint))
+    if not count:
         log.warning("quantization int8: the model has no nn.Linear layers to quantize (GPT-2's are Conv1D)")
     else:
         bits = 8 if qmax == WEIGHT_QMAX else 7
-        log.info("linear layers: int8 (%d layers, activations per token in %d bits)", len(done), bits)
-    return len(done)
+        log.info("linear layers: int8 (%d layers, activations per token in %d bits)", count, bits)
+    return count

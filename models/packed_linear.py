@@ -32,6 +32,7 @@ import time
 import torch
 from torch import nn
 
+from models.linear_swap import cpu_linears, swap_linears
 from models.row_buckets import pad_rows
 
 log = logging.getLogger("surge.engine")
@@ -63,12 +64,7 @@ def pack_linears(model: nn.Module, rows_hint: int, min_speedup: float | None = N
     at least `min_speedup` (default MIN_SPEEDUP; 0: always) times as fast here; returns how many
     were swapped (0: the model is untouched). `rows_hint`: the rows oneDNN's layout is chosen for
     (the decode batch)."""
-    linears = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.dtype == torch.float32
-    ]
+    linears = cpu_linears(model, torch.float32)
     if not linears or not torch.backends.mkldnn.is_available():
         return 0
     probe = max(linears, key=lambda item: item[2].weight.numel())[2]
@@ -80,16 +76,9 @@ def pack_linears(model: nn.Module, rows_hint: int, min_speedup: float | None = N
     if speedup < (MIN_SPEEDUP if min_speedup is None else min_speedup):
         log.info("linear layers: MKL (oneDNN packed %.2fx on the probe layer)", speedup)
         return 0
-    packed: dict[int, PackedLinear] = {}  # a weight shared by two layers is packed once
-    for parent, name, child in linears:
-        key = id(child)
-        if key not in packed:
-            packed[key] = PackedLinear(child, rows_hint)
-        setattr(parent, name, packed[key])
-    log.info(
-        "linear layers: oneDNN with packed weights (%d layers, %.2fx MKL on the probe layer)", len(packed), speedup
-    )
-    return len(packed)
+    count = swap_linears(linears, lambda linear: PackedLinear(linear, rows_hint))
+    log.info("linear layers: oneDNN with packed weights (%d layers, %.2fx MKL on the probe layer)", count, speedup)
+    return count
 
 
 @torch.inference_mode()

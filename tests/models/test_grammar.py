@@ -13,7 +13,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from models import tiny
-from models.grammar import GrammarCompiler, GrammarError, fill_disallowed, json_schema_grammar
+from models.grammar import GrammarCompiler, GrammarError, json_schema_grammar
+from models.grammar_masks import fill_disallowed
 from models.sampler import Sampler, SamplingRow, make_generator
 from models.sampling_params import SamplingParams
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from scripts.harness.loopback import loopback
 from scripts.harness.ports import free_port
 from scripts.harness.procs import cpu_seconds, peak_rss_bytes, process_tree, rss_bytes
 from scripts.harness.service import Service
@@ -168,7 +169,7 @@ def wait_until_ready(
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=5.0).status_code == 200:
+            if loopback().get(url, timeout=5.0).status_code == 200:
                 return
         if not is_alive():
             raise RuntimeError(f"exited before {url} was ready: {describe()}")

@@ -7,15 +7,15 @@ import statistics
 import time
 from collections.abc import Sequence
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from scripts.harness.loopback import loopback
 from scripts.harness.stats import percentile
 
 
 def metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of /metrics: (name, sorted labels) -> value."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = loopback().get(f"{url}/metrics").text
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text)

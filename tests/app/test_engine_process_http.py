@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from scripts.harness.loopback import loopback
 from scripts.harness.servers import ServerProcess, surge_server
 
 ARGS = ("--served-model-name", "m", "--max-num-seqs", "4", "--max-model-len", "512", "--shutdown-delay-seconds", "0")
@@ -53,7 +54,7 @@ def wait_gone(pid: int, timeout: float = 15.0) -> bool:
 
 
 def metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
+    text = loopback().get(f"{url}/metrics").text
     match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
     assert match, name
     return float(match.group(1))

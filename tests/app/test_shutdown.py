@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from scripts.harness.loopback import loopback
 from scripts.harness.servers import surge_server
 
 NUM_STREAMS = 6
@@ -89,7 +90,7 @@ class Plain:
 
 
 def gauge(url: str, name: str) -> float:
-    match = re.search(rf"^{name}{{[^}}]*}} (\S+)$", httpx.get(f"{url}/metrics").text, re.MULTILINE)
+    match = re.search(rf"^{name}{{[^}}]*}} (\S+)$", loopback().get(f"{url}/metrics").text, re.MULTILINE)
     assert match, name
     return float(match.group(1))
 
@@ -137,7 +138,7 @@ def test_sigterm_under_load_refuses_new_requests_and_finishes_every_accepted_str
         deadline = time.monotonic() + 10  # uvicorn closes it on its next turn, right after the line
         while not all(s.is_done for s in streams):
             try:
-                httpx.get(f"{server.url}/health", timeout=2)
+                loopback().get(f"{server.url}/health", timeout=2)
             except httpx.ConnectError:
                 break
             assert time.monotonic() < deadline, "the listener is still open after the drain window"

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from scripts.harness.loopback import loopback
 from scripts.harness.servers import ServerProcess
 from tests.k8s.conftest import K8S, SERVED_MODEL, load_yaml
 
@@ -57,7 +58,7 @@ def keda_query() -> str:
 
 
 def test_autoscaling_metric_names_exist_in_a_running_server(surge_url: str) -> None:
-    reply = httpx.get(f"{surge_url}/metrics", timeout=10)
+    reply = loopback().get(f"{surge_url}/metrics", timeout=10)
     assert reply.status_code == 200
     exposed = metric_names(reply.text)
     hpa = load_yaml(K8S / "base" / "hpa.yaml")["spec"]["metrics"][0]["pods"]["metric"]["name"]
@@ -67,7 +68,7 @@ def test_autoscaling_metric_names_exist_in_a_running_server(surge_url: str) -> N
 
 
 def test_dashboard_and_rules_use_only_exposed_metrics(surge_url: str) -> None:
-    exposed = metric_names(httpx.get(f"{surge_url}/metrics", timeout=10).text)
+    exposed = metric_names(loopback().get(f"{surge_url}/metrics", timeout=10).text)
     dashboard = (K8S / "grafana" / "surge-dashboard.json").read_text()
     rules = (K8S / "prometheus" / "surge-rules.yaml").read_text()
     used = names_in(dashboard) | names_in(rules)
@@ -108,7 +109,7 @@ def prometheus(surge_url: str, tmp_path: Path) -> Iterator[str]:
 
 
 def query(prometheus: str, promql: str) -> float | None:
-    reply = httpx.get(f"{prometheus}/api/v1/query", params={"query": promql}, timeout=5).json()
+    reply = loopback().get(f"{prometheus}/api/v1/query", params={"query": promql}, timeout=5).json()
     assert reply["status"] == "success", reply
     result = reply["data"]["result"]
     return float(result[0]["value"][1]) if result else None

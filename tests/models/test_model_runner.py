@@ -10,11 +10,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from models import model_runner
 from models.kv_cache import SlotCache
 from models.model_runner import ModelRunner
 from models.sampling_params import SamplingParams
 from models.scheduler import PrefillChunk
 from models.sequence import Sequence
+from models.tiny import build_tiny
 
 
 def load(model_dir: Path, device: str, attn_implementation: str = "sdpa") -> AutoModelForCausalLM:
@@ -134,3 +136,36 @@ def test_steps_of_new_prompts_attend_causally_without_a_mask(arch_dir: Path, dev
     assert plans == [not sliding, True, True, False, False]
     for step, (g, w) in enumerate(zip(*results, strict=True)):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=f"step {step}")
+
+
+@pytest.fixture(scope="module")
+def gqa_dir(model_root: Path) -> Path:
+    """The `m` tiny Llama: 8 query heads over 4 key/value heads (`s` has none to group)."""
+    out = model_root / "runner-gqa-m"
+    if not out.exists():
+        build_tiny("m", out)
+    return out
+
+
+def test_grouped_query_decode_matches_the_split_steps(gqa_dir: Path, device: str) -> None:
+    """On the CPU the packed decode block hands grouped-query attention to torch whole
+    (`enable_gqa`, with the mask); the split runner goes through transformers' SDPA function.
+    Both must give the same logits, with the fast path really taken."""
+    model = load(gqa_dir, device)
+    assert model.model.layers[0].self_attn.num_key_value_groups == 2
+    calls: list[bool] = []
+    original = model_runner._decode_attention
+
+    def spy(module: torch.nn.Module, query: torch.Tensor, *args: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        calls.append(query.device.type == "cpu")
+        return original(module, query, *args, **kwargs)
+
+    model_runner._decode_attention = spy
+    try:
+        packed = script(ModelRunner(model, 5, 256, packed=True))
+    finally:
+        model_runner._decode_attention = original
+    split = script(ModelRunner(load(gqa_dir, device), 5, 256, packed=False))
+    assert calls and all(calls) == (device == "cpu")
+    for got, expected in zip(packed, split, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

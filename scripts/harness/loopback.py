@@ -2,7 +2,7 @@
 readiness polls, /metrics scrapes.
 
 `httpx.get` builds a client, and with it an SSL context that parses the CA bundle, on every call:
-45 ms of CPU on a 2-core AMD EPYC, so a readiness poll every 50 ms took most of a core from the
+45 ms of CPU on a 2-core AMD EPYC, so a readiness poll every 50 ms took about half a core from the
 server it was waiting for. This client is built once. It keeps no idle connections: a server that
 is killed or restarted between two requests must not leave a dead pooled socket for the next one
 (a loopback connect costs a fraction of a millisecond).

@@ -165,7 +165,6 @@ def serve_engine(
         return
     messages.send(
         Loaded(
-            loaded.path,
             list(loaded.tokenizer.eos_token_ids),
             config.scheduler.max_model_len,
             pickle.dumps(loaded.tokenizer.hf, protocol=pickle.HIGHEST_PROTOCOL),

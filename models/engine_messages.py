@@ -107,7 +107,6 @@ WireOutput = tuple[str, str, list[int], int, int, list[Any], str | None, str | N
 
 
 class Loaded(NamedTuple):
-    path: str  # the model directory
     eos_token_ids: list[int]
     max_model_len: int  # resolved against the model's own limit
     # The child's Hugging Face tokenizer, pickled: the server unpickles it off its event loop. One

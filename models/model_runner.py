@@ -348,9 +348,8 @@ def _decode_attention(
     kernel splits badly over threads. Measured on 2 AVX2 cores, 2 threads, 32 decoding rows: one
     layer of the tiny m 410 us packed against 144 us here; the whole decode step of m 19.0 -> 16.5
     and 21.1 -> 17.9 ms in two runs, of l 513 -> 474 ms (medians of interleaved runs; the VM was
-    slow then); on 1 thread no change. Anything
-    else (CUDA, no groups, dropout, softcap, position bias, sinks) goes through transformers'
-    function.
+    slow then); on 1 thread no change. Anything else (CUDA, no groups, dropout, softcap, position
+    bias, sinks) goes through transformers' function.
     """
     plain = (
         query.device.type == "cpu"

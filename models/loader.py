@@ -22,6 +22,7 @@ from models import hub
 from models.config import AUTO_THREADS, EngineConfig, ModelConfig
 from models.cpus import prefill_thread_count
 from models.echo import ECHO_MODEL
+from models.fused_decoder import fuse_projections
 from models.int8_linear import quantize_linears
 from models.packed_linear import pack_linears
 from models.threads import StepThreads, step_threads
@@ -106,6 +107,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
     eos = _eos_ids(model)
     vocab_size = model.get_output_embeddings().weight.shape[0]
     num_parameters = sum(p.numel() for p in model.parameters())  # before packing: packed weights are not parameters
+    # Before packing or quantizing: the packed kernels keep no float weights to concatenate.
+    fuse_projections(model)
     if config.quantization == "int8":
         quantize_linears(model, rows_hint=PACK_ROWS_HINT)
     elif device.type == "cpu":

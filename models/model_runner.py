@@ -17,6 +17,7 @@ HTTP. One forward pass per step where the model lets us (packed), two otherwise 
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence as Seq
 from typing import Any, Protocol
@@ -25,10 +26,14 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from models.fused_decoder import FusedDecoder, is_fused
 from models.kv_cache import ChunkRows, SlotCache, StepPlan
 from models.kv_pool import KVPool
+from models.sampling_params import SamplingParams
 from models.scheduler import BlockCopy, PrefillChunk, SlotMove
 from models.sequence import Sequence
+
+log = logging.getLogger("surge.engine")
 
 
 class Runner(Protocol):
@@ -86,9 +91,38 @@ class ModelRunner:
             # times the step itself. Flash and memory-efficient kernels take any length.
             # Process-wide: this process runs one model.
             torch.backends.cuda.enable_cudnn_sdp(False)
+        self.decoder: FusedDecoder | None = None
         if self.packed:
             AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
             model.set_attn_implementation(PACKED_ATTENTION)
+            if is_fused(model):
+                self.decoder = self._checked_decoder(FusedDecoder(model, _packed_attention))
+
+    def _checked_decoder(self, decoder: FusedDecoder) -> FusedDecoder | None:
+        """`decoder` if a probe step's logits through it match transformers' forward; else None
+        (and a warning): a model whose layers do something the fused loop does not would
+        otherwise serve wrong tokens quietly."""
+        vocab = self.model.config.get_text_config().vocab_size
+        # Past a small sliding window, so a windowed layer's mask is part of what is compared.
+        length = min(self._sliding_window + 2, 64) if self._sliding_window else 6
+        probe = Sequence("probe", [i % vocab for i in range(1, length + 1)], SamplingParams(max_tokens=1))
+        probe.slot = 0
+        chunk = [PrefillChunk(probe, 0, probe.num_prompt_tokens)]
+        with torch.inference_mode():
+            expected = self._packed(1, chunk, [])
+            self.decoder = decoder
+            try:
+                got = self._packed(1, chunk, [])
+            finally:
+                self.decoder = None
+        # float32 matches to the bit (docs/engine.md); half types may differ by a kernel's rounding.
+        tolerance = 1e-4 if self.dtype == torch.float32 else 2e-2
+        error = float((got - expected).abs().max())
+        if error <= tolerance * max(1.0, float(expected.abs().max())):
+            log.info("decoder: fused projections, transformers' module stack bypassed")
+            return decoder
+        log.warning("decoder: transformers' forward (the fused one differs by %.3g on a probe step)", error)
+        return None
 
     @torch.inference_mode()
     def apply_moves(self, moves: Seq[SlotMove | BlockCopy]) -> None:
@@ -183,19 +217,25 @@ class ModelRunner:
         # Causal chunks need no mask rows: the decode block's alone (a big step's full mask is megabytes).
         rows = slice(num_rows) if plan.causal_chunks else slice(None)
         mask = self._mask(pos[:, rows], pad[:, rows], read_len)
+        ids = torch.tensor(input_ids, device=device)[None]
+        keep_rows = torch.tensor(keep, dtype=torch.long, device=device)
         self.cache.plan = _active.plan = plan
         try:
-            out = self.model(
-                input_ids=torch.tensor(input_ids, device=device)[None],
-                position_ids=pos,
-                attention_mask=mask,
-                cache=self.cache,
-                use_cache=True,
-                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
-            )
+            if self.decoder is not None:
+                logits = self.decoder(ids, pos, mask, self.cache, keep_rows)
+            else:
+                out = self.model(
+                    input_ids=ids,
+                    position_ids=pos,
+                    attention_mask=mask,
+                    cache=self.cache,
+                    use_cache=True,
+                    logits_to_keep=keep_rows,
+                )
+                logits = out.logits[0]
         finally:
             self.cache.plan = _active.plan = None
-        return out.logits[0].float()  # (K, V); K = 0 when every chunk ends mid-prompt
+        return logits.float()  # (K, V); K = 0 when every chunk ends mid-prompt
 
     @torch.inference_mode()
     def prefill(self, chunks: Seq[PrefillChunk]) -> torch.Tensor:

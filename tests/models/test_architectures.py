@@ -42,6 +42,8 @@ async def test_engine_matches_generate(arch_dir: Path, device: str) -> None:
         separate_process=False,  # one start per architecture: no child process to spawn
     )
     engine = await AsyncEngine.start(config)
+    # Llama, Qwen2 and Mistral run the fused decoder (models/fused_decoder.py), GPT-2 transformers' forward.
+    assert (getattr(engine.core, "runner").decoder is not None) == (arch_dir.name != "arch-gpt2")  # noqa: B009
     try:
         group = engine.submit(
             [

@@ -29,6 +29,10 @@ from scripts.harness.servers import ServerProcess
 
 T = TypeVar("T")
 
+# Every driver's surge: no drain delay on SIGTERM. The default 2 s is for a load balancer to notice
+# (none is listening here), and no criterion looks at the shutdown; it was 2 s of each run's stop.
+NO_DRAIN_ARGS = ("--shutdown-delay-seconds", "0")
+
 
 def on_an_idle_thread(work: Callable[[], T], *, idle: bool = True) -> T:
     """Run `work` on a thread of its own under SCHED_IDLE (when `idle`) and return its result.

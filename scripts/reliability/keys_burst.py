@@ -37,6 +37,7 @@ from scripts.harness.procs import load_average, machine_line
 from scripts.harness.servers import surge_server
 from scripts.loadtest.workload import WORD_POOL, poisson_arrivals
 from scripts.reliability.common import (
+    NO_DRAIN_ARGS,
     Criterion,
     all_passed,
     chat_body,
@@ -206,7 +207,7 @@ def render(config: BurstConfig, outcomes: list[KeyOutcome], criteria: list[Crite
 async def run_burst(config: BurstConfig, directory: Path) -> tuple[list[KeyOutcome], list[str]]:
     keys_file = write_keys_file(config, directory)
     averages = [load_average()]
-    args = ["--keys-file", str(keys_file)]
+    args = ["--keys-file", str(keys_file), *NO_DRAIN_ARGS]
     with surge_server(config.model, directory / "server.log", *args) as server:
         model = await served_model_with_key(server.url, config.key_specs()[0].key)
         outcomes = await drive(config, server.api, model)

@@ -45,6 +45,7 @@ from scripts.harness.servers import REPO_ROOT, ServerProcess, surge_server
 from scripts.harness.stats import percentile
 from scripts.loadtest.workload import WORD_POOL, poisson_arrivals
 from scripts.reliability.common import (
+    NO_DRAIN_ARGS,
     CpuMeter,
     Criterion,
     MetricsSampler,
@@ -129,7 +130,7 @@ class OverloadConfig:
             args += ["--degrade-queue-seconds", str(self.degrade_queue_seconds)]
         if self.degrade_ttft_seconds is not None:
             args += ["--degrade-ttft-seconds", str(self.degrade_ttft_seconds)]
-        return args + list(self.extra_server_args)
+        return args + list(NO_DRAIN_ARGS) + list(self.extra_server_args)
 
 
 # Seconds, not minutes: what `make test` runs. Only queue depth drives the level (the 30 s

@@ -42,6 +42,7 @@ from scripts.harness.procs import load_average, machine_line, rss_bytes
 from scripts.harness.servers import ServerProcess, surge_server
 from scripts.loadtest.workload import WORD_POOL
 from scripts.reliability.common import (
+    NO_DRAIN_ARGS,
     Criterion,
     all_passed,
     chat_body,
@@ -409,6 +410,7 @@ async def run_soak(config: SoakConfig, directory: Path) -> SoakRun:
         str(config.cache_ttl_s),
         "--dedup-ttl-seconds",
         str(config.cache_ttl_s),
+        *NO_DRAIN_ARGS,
     ]
     env = {"SURGE_TRACEMALLOC": "1", "SURGE_TRACEMALLOC_DIR": str(directory)}
     with surge_server(config.model, directory / "server.log", *args, env=env) as server:

@@ -29,11 +29,11 @@ REPLICA_ARGS += ("--max-num-seqs", "8", "--log-level", "warning")
 
 
 @pytest.fixture(scope="module")
-def replicas(model_root: Path) -> Iterator[tuple[str, str, str]]:
-    llama = model_root / "replica-llama"
-    qwen = model_root / "replica-qwen2"
-    if not llama.exists():
-        build_tiny("s", llama)
+def replicas(tiny_model_dir: Path, model_root: Path) -> Iterator[tuple[str, str, str]]:
+    # The session's builds (4 s each on the 2-core VM): the `s` Llama every HTTP test serves, and the
+    # `s` Qwen2 at the path tests/models/conftest.py's arch_dir("qwen2") builds it, whichever runs first.
+    llama = tiny_model_dir
+    qwen = model_root / "arch-qwen2"
     if not qwen.exists():
         build_tiny("s", qwen, arch="qwen2")
     keys = model_root / "replica-keys.yaml"
@@ -48,8 +48,10 @@ def replicas(model_root: Path) -> Iterator[tuple[str, str, str]]:
             b.wait_ready()
             yield a.url, b.url, redis.url
         finally:
-            a.stop()
-            b.stop()
+            # Their shutdown is not under test (tests/app/test_shutdown.py): a graceful stop each was
+            # 2.7 s of teardown (the 2 s drain delay).
+            a.stop(graceful=False)
+            b.stop(graceful=False)
 
 
 def _post(url: str, body: dict[str, object], **headers: str) -> httpx.Response:

@@ -34,6 +34,8 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
 @pytest.fixture(scope="module", params=list(ARCHS))
 def arch_dir(request: pytest.FixtureRequest, model_root: Path) -> Path:
     arch, kwargs = ARCHS[request.param]
+    if request.param == "llama":  # the very build of tiny_model_dir (4 s on the 2-core VM): made once a session
+        return Path(request.getfixturevalue("tiny_model_dir"))
     out = model_root / f"arch-{request.param}"
     if not out.exists():
         build_tiny("s", out, arch=arch, **kwargs)

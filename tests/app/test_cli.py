@@ -113,7 +113,7 @@ def test_auth_off_on_a_public_address_is_a_warning_at_start(tmp_path: Path, capl
         log = (tmp_path / "surge.log").read_text()
         assert "auth is off" in log, log[-2000:]
     finally:
-        server.stop()
+        server.stop(graceful=False)  # its shutdown is the SIGTERM test's; a graceful one paid a 2 s drain delay
     # Nothing to warn about: loopback without a key, any address with one (checked in this
     # process: a server start per case costs seconds of CI).
     with caplog.at_level("WARNING", logger="surge.server"):

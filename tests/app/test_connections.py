@@ -20,7 +20,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     try:
         yield process
     finally:
-        process.stop()
+        process.stop(graceful=False)  # its shutdown is test_shutdown.py's; a graceful one paid a 2 s drain delay
 
 
 def connect(server: ServerProcess) -> socket.socket:

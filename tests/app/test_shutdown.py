@@ -25,12 +25,16 @@ MAX_NUM_SEQS = 4  # so NUM_STREAMS - MAX_NUM_SEQS streams and every JSON request
 NUM_JSON = 2
 # Long enough that the streams outlive the drain window: about 3 s for 6 streams on the `s` model.
 MAX_TOKENS = 1000
+# The requests queued at SIGTERM need only be accepted before it and run whole after it: at
+# MAX_TOKENS they were a second 1000-token wave behind the first, about half of the test's 29 s on CI.
+QUEUED_MAX_TOKENS = 64
 DELAY_S = 1.0
 GRACE_S = 60.0
 
 
 @dataclass
 class Stream:
+    max_tokens: int = MAX_TOKENS
     started: threading.Event = field(default_factory=threading.Event)
     is_done: bool = False
     status: int = 0
@@ -43,7 +47,7 @@ class Stream:
         body = {
             "model": "m",
             "prompt": "once upon a time",
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": self.max_tokens,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -79,7 +83,7 @@ class Plain:
     error: BaseException | None = None
 
     def run(self, url: str) -> None:
-        body = {"model": "m", "prompt": "queued", "max_tokens": MAX_TOKENS, "ignore_eos": True}
+        body = {"model": "m", "prompt": "queued", "max_tokens": QUEUED_MAX_TOKENS, "ignore_eos": True}
         try:
             reply = httpx.post(f"{url}/v1/completions", json=body, timeout=GRACE_S)
             self.status = reply.status_code
@@ -101,7 +105,8 @@ def test_sigterm_under_load_refuses_new_requests_and_finishes_every_accepted_str
     args = ("--served-model-name", "m", "--max-model-len", "2048", "--max-num-seqs", str(MAX_NUM_SEQS))
     shutdown = ("--shutdown-delay-seconds", str(DELAY_S), "--shutdown-grace-seconds", str(GRACE_S))
     with surge_server(tiny_model_dir, tmp_path / "surge.log", *args, *shutdown, graceful_stop=False) as server:
-        streams = [Stream() for _ in range(NUM_STREAMS)]
+        streams = [Stream() for _ in range(MAX_NUM_SEQS)]
+        streams += [Stream(max_tokens=QUEUED_MAX_TOKENS) for _ in range(NUM_STREAMS - MAX_NUM_SEQS)]
         plains = [Plain() for _ in range(NUM_JSON)]
         threads = [threading.Thread(target=s.run, args=(server.url,)) for s in streams]
         threads += [threading.Thread(target=p.run, args=(server.url,)) for p in plains]
@@ -150,11 +155,11 @@ def test_sigterm_under_load_refuses_new_requests_and_finishes_every_accepted_str
             assert stream.error is None, repr(stream.error)
             assert stream.status == 200
             assert stream.saw_done, "a stream was cut short"
-            assert stream.completion_tokens == MAX_TOKENS
+            assert stream.completion_tokens == stream.max_tokens
             assert stream.finish_reasons == ["length"]
         for plain in plains:  # queued at SIGTERM, run after it
             assert plain.error is None, repr(plain.error)
-            assert (plain.status, plain.completion_tokens, plain.finish_reason) == (200, MAX_TOKENS, "length")
+            assert (plain.status, plain.completion_tokens, plain.finish_reason) == (200, QUEUED_MAX_TOKENS, "length")
 
         assert server.proc.wait(timeout=GRACE_S) == 0
         log = server.log()

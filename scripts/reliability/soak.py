@@ -9,12 +9,13 @@ first, or after it ended: a replay), an exact duplicate of a recent greedy reque
 cache), a stream the client closes after a few chunks, and a JSON request the client gives up on.
 The server runs with `SURGE_TRACEMALLOC=1` (app/diagnostics.py): SIGUSR1 to the server and its
 engine process writes their top allocation sites after warm-up and at the end. The idempotency
-and dedup TTLs are shortened so both caches reach their steady size within the warm-up.
+and dedup TTLs are shortened, and the prefix cache bounded small, so the three caches reach their
+steady size within the warm-up.
 
 Criteria: RSS of the server and its engine child (VmRSS from /proc) grows < 5% from the end of
 warm-up to the end; no unexpected outcome (client side: anything but the deliberate disconnects
 and 409s of concurrent retries; server side: no ERROR line or traceback in the log); the mix
-reached every path (replays, dedup hits, aborts); surge_requests_running and
+reached every path (replays, dedup hits, aborts, prefix-cache evictions); surge_requests_running and
 surge_requests_waiting back to 0 once the load ends.
 """
 
@@ -78,12 +79,18 @@ class SoakConfig:
     prompt_words: tuple[int, int] = (4, 24)
     max_tokens: tuple[int, int] = (8, 48)
     cache_ttl_s: float = 30.0  # idempotency and dedup
+    # Small enough that the prefix cache is full and evicting by the end of the warm-up: its K/V is
+    # held memory by design (pages of its own mapping, faulted in as blocks are first kept), and a
+    # cache still filling reads as RSS growth (14 of the 28 MiB a fast soak grew at the default bound).
+    prefix_cache_size: str = "4MiB"
     rss_interval_s: float = 10.0
     idle_timeout_s: float = 60.0
     seed: int = 0
     max_rss_growth: float = 0.05
     top_sites: int = 8
 
+
+PREFIX_HELD = "surge_prefix_cache_used_bytes"
 
 FAST = SoakConfig(duration_s=12.0, warmup_s=5.0, users=6, max_num_seqs=8, cache_ttl_s=2.0, rss_interval_s=1.0)
 
@@ -297,6 +304,7 @@ def evaluate(run: SoakRun) -> list[Criterion]:
         "idempotent replays": delta("surge_idempotent_replays_total"),
         "dedup hits": delta("surge_dedup_hits_total"),
         "aborts": delta("surge_requests_aborted_total"),
+        "prefix-cache evictions": delta("surge_prefix_cache_evicted_blocks_total"),
     }
     return [
         Criterion(
@@ -320,7 +328,7 @@ def evaluate(run: SoakRun) -> list[Criterion]:
         ),
         Criterion(
             "the mix reached every path",
-            "replays, dedup hits and aborts > 0",
+            "replays, dedup hits, aborts and prefix-cache evictions > 0",
             ", ".join(f"{name} {value:.0f}" for name, value in paths.items()),
             all(value > 0 for value in paths.values()),
         ),
@@ -364,7 +372,8 @@ def render(run: SoakRun, criteria: list[Criterion], command: str) -> str:
         f"Command: `{command}`",
         f"Machine: {machine_line()}; load average (1/5/15 min) {' -> '.join(run.load_averages)}.",
         f"Server: `SURGE_TRACEMALLOC=1 surge serve --model {config.model} --max-num-seqs {config.max_num_seqs} "
-        f"--idempotency-ttl-seconds {config.cache_ttl_s:g} --dedup-ttl-seconds {config.cache_ttl_s:g}`.",
+        f"--idempotency-ttl-seconds {config.cache_ttl_s:g} --dedup-ttl-seconds {config.cache_ttl_s:g} "
+        f"--prefix-cache-size {config.prefix_cache_size}`.",
         f"Load: {config.users} closed-loop users, {config.warmup_s:g} s warm-up, then {config.duration_s:g} s "
         f"measured: {len(run.outcomes)} logical requests, {num_attempts} HTTP attempts.",
         f"Mix: {', '.join(f'{name} {n}' for name, n in sorted(scenarios.items()))}.",
@@ -376,6 +385,11 @@ def render(run: SoakRun, criteria: list[Criterion], command: str) -> str:
         )
         + "; total over time: "
         + ", ".join(f"{t:.0f} s {b / 2**20:.1f}" for t, b in _spread(run.rss, 8))
+        + ".",
+        "Prefix cache K/V held (MiB) after warm-up / at the end: "
+        + " / ".join(
+            f"{counters.get(PREFIX_HELD, 0.0) / 2**20:.1f}" for counters in (run.counters_start, run.counters_end)
+        )
         + ".",
     ]
     sections = []
@@ -410,6 +424,8 @@ async def run_soak(config: SoakConfig, directory: Path) -> SoakRun:
         str(config.cache_ttl_s),
         "--dedup-ttl-seconds",
         str(config.cache_ttl_s),
+        "--prefix-cache-size",
+        config.prefix_cache_size,
         *NO_DRAIN_ARGS,
     ]
     env = {"SURGE_TRACEMALLOC": "1", "SURGE_TRACEMALLOC_DIR": str(directory)}

@@ -213,22 +213,27 @@ class AsyncEngine:
         from models.engine import EngineCore
         from models.loader import load_model, resolve_max_model_len
 
-        loaded = await asyncio.to_thread(load_model, config.model)
-        config = resolve_max_model_len(config, loaded)
-
         def publish_threadsafe(outputs: list[RequestOutput]) -> None:
             # One hop per step, not per request. A closed loop raises RuntimeError: nobody listens.
             if outputs:
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(dispatch, outputs)
 
-        core = EngineCore(loaded, config.scheduler, publish_threadsafe, observer=observer)
-        core.start()
+        resolved: list[EngineConfig] = []
+
+        def build() -> EngineCore:
+            loaded = load_model(config.model)
+            resolved.append(resolve_max_model_len(config, loaded))
+            return EngineCore(loaded, resolved[0].scheduler, publish_threadsafe, observer=observer)
+
+        # The model loads on the thread that runs the loop (EngineCore.start_on_own_thread says why).
+        core = await asyncio.wrap_future(EngineCore.start_on_own_thread(build))
+        config = resolved[0]
         while not core.is_warm:
             if core.dead is not None:
                 raise EngineDeadError(f"warmup failed: {core.dead!r}")
             await asyncio.sleep(0.02)
-        engine = cls(core, loaded.tokenizer, config, groups, observer)
+        engine = cls(core, core.tokenizer, config, groups, observer)
         await asyncio.to_thread(engine.grammars.prepare)
         return engine
 

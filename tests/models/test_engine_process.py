@@ -8,11 +8,13 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+import models.loader
 from models.async_engine import AsyncEngine
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
 from models.engine_messages import GpuReport
@@ -57,7 +59,7 @@ def pid_alive(pid: int) -> bool:
 
 
 async def test_tokens_equal_the_engine_on_a_thread(
-    observed: tuple[AsyncEngine, RecordingObserver], tiny_model_dir: Path
+    observed: tuple[AsyncEngine, RecordingObserver], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine, _ = observed
     prompts = [prompt(n, seed=i) for i, n in enumerate([5, 49, 17, 3, 30])]
@@ -65,13 +67,25 @@ async def test_tokens_equal_the_engine_on_a_thread(
     in_process = await asyncio.gather(
         *(run(engine.submit([(p, greedy(n))])) for p, n in zip(prompts, lengths, strict=True))
     )
+    loaded_on: list[threading.Thread] = []
+    load_model = models.loader.load_model
+
+    def recording_load(config: ModelConfig) -> models.loader.LoadedModel:
+        loaded_on.append(threading.current_thread())
+        return load_model(config)
+
+    monkeypatch.setattr(models.loader, "load_model", recording_load)
     threaded = await AsyncEngine.start(engine_config(tiny_model_dir, separate_process=False))
     try:
+        # The model loaded on the thread that runs the loop, not on one of asyncio's workers.
+        (loader,) = loaded_on
+        assert loader.name == "surge-engine" and loader.is_alive()
         on_thread = await asyncio.gather(
             *(run(threaded.submit([(p, greedy(n))])) for p, n in zip(prompts, lengths, strict=True))
         )
     finally:
         threaded.stop()
+    assert not loader.is_alive()  # stop() joined the loop's thread
     assert [tokens(o[0]) for o in in_process] == [tokens(o[0]) for o in on_thread]
     assert ["".join(out.text for out in o[0]) for o in in_process] == [
         "".join(out.text for out in o[0]) for o in on_thread

@@ -32,7 +32,8 @@ def unpack_disallowed(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
     bit-twiddling kernel (llguidance's own torch helper needs torch.compile, seconds on first use).
     """
     allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, count=vocab_size, bitorder="little")  # (n, V)
-    return torch.from_numpy(allowed) == 0
+    # Compared in numpy, not torch: this runs on the mask worker's thread (MaskWorker says why).
+    return torch.from_numpy(allowed == 0)
 
 
 def fill_disallowed(matchers: Sequence[LLMatcher], vocab_size: int) -> torch.Tensor:
@@ -80,11 +81,24 @@ class GrammarMasks:
         return not set(group).isdisjoint(self.rows)
 
 
+def _serial_torch() -> None:
+    torch.set_num_threads(1)  # this thread's count only (OpenMP's is per thread)
+
+
 class MaskWorker:
     """One background thread that computes a step's masks; owned by the engine.
 
     Only the engine thread calls `start`, and it waits for the result before the step's
-    matchers consume their tokens, so a matcher is never read and advanced at once."""
+    matchers consume their tokens, so a matcher is never read and advanced at once.
+
+    The thread runs no parallel torch op. torch's OpenMP runtime (libgomp) gives every thread
+    that runs one a team of workers of its own, and once the process holds more of those threads
+    than CPUs, idle workers sleep between parallel regions instead of spinning: every op of every
+    later step then pays a wake-up. When this thread unpacked masks with a torch compare, one
+    batch of 8 rows' masks (8 x 8,192 tokens, past torch's grain for going parallel) made a
+    32-row decode step of the tiny `m` at 2 threads 6.4 -> 9.9 and 5.6 -> 8.2 ms for the rest of
+    the process's life (2 AVX2 cores, two runs; serial here: 8.1 -> 7.9 and 7.6 -> 8.4). With a
+    real model's vocabulary one row is enough."""
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
@@ -97,7 +111,9 @@ class MaskWorker:
             return None
         with self._lock:
             if self._executor is None:  # made on first use: most servers never see a grammar
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="surge-grammar-masks")
+                self._executor = ThreadPoolExecutor(
+                    1, thread_name_prefix="surge-grammar-masks", initializer=_serial_torch
+                )
             executor = self._executor
         return executor.submit(GrammarMasks.compute, rows, list(matchers), self.vocab_size)
 

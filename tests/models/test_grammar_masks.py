@@ -4,6 +4,7 @@ under a grammar get the best allowed token whether or not the raw argmax is allo
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -71,6 +72,27 @@ def test_masks_computed_ahead_equal_masks_computed_in_line(compiler: GrammarComp
                 worker.close()
     finally:
         worker.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2, reason="Linux, 2+ CPUs")
+def test_the_mask_thread_gets_no_thread_team_of_its_own(compiler: GrammarCompiler) -> None:
+    """Each thread that runs a parallel torch op gets OpenMP workers of its own, and with more of
+    those than CPUs every op of the engine's steps slows down for good (MaskWorker says why): the
+    worker adds its own thread to the process and nothing else, even for masks big enough that a
+    torch op on them would go parallel."""
+    matchers = [walked(compiler, steps, seed) for seed, steps in enumerate((0, 1, 3, 6, 2, 5, 4, 7))]
+    assert len(matchers) * compiler.vocab_size > 32768  # torch's grain for going parallel
+    worker = MaskWorker(compiler.vocab_size)
+    try:
+        before = len(os.listdir("/proc/self/task"))
+        pending = worker.start(list(range(len(matchers))), matchers)
+        assert pending is not None
+        masks = pending.result(timeout=10)
+        after = len(os.listdir("/proc/self/task"))
+    finally:
+        worker.close()
+    assert masks.disallowed.shape == (len(matchers), compiler.vocab_size)
+    assert after <= before + 1
 
 
 def test_a_mask_applies_to_its_own_rows_only(compiler: GrammarCompiler) -> None:

@@ -105,12 +105,9 @@ def closed_loop(
 
     core = EngineCore(loaded, config, publish, on_iteration=on_iteration)
     core.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len or 256, packed=packed)
-    # On this thread, the one that loaded the model, as in the engine process. torch's OpenMP
-    # (libgomp) keeps a thread team per thread that runs parallel regions; once the process holds
-    # more of its threads than CPUs, the workers stop spinning between regions and every region
-    # pays a wake-up. With the loop on a second thread: a decode-only step of `l` at 32 rows,
-    # 2 threads, 81 -> 69 and 73 -> 61 ms on 2 AVX2 cores (medians of 20, two runs each), and the
-    # closed loop 1.15x the tokens/s.
+    # On this thread, the one that loaded the model, as in the engine process: a loop on another
+    # thread pays OpenMP wake-ups on every op (EngineCore.start_on_own_thread); here it made the
+    # closed loop 1.15x slower.
     core.run()
     elapsed = end - begin
     steps = core.num_steps - steps_before

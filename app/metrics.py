@@ -174,6 +174,17 @@ class ServerCollector(Collector):
             "Tokens held by running sequences over the KV cache's capacity (max_num_seqs x max_model_len).",
             core.kv_usage if core is not None else 0.0,
         )
+        scheduler = engine.config.scheduler if engine is not None else None
+        yield gauge(
+            "surge_max_num_seqs",
+            "Sequences decoded together: --max-num-seqs, or fewer where the K/V's memory budget holds fewer.",
+            scheduler.max_num_seqs if scheduler is not None else 0,
+        )
+        yield gauge(
+            "surge_kv_cache_budget_bytes",
+            "The K/V's memory budget, slots and prefix cache together (--kv-cache-memory); 0 when unchecked.",
+            scheduler.kv_cache_bytes if scheduler is not None else 0,
+        )
         yield from _prefix_cache_metrics(
             core.prefix_cache_stats if core is not None else PrefixCacheStats(), gauge, counter
         )

@@ -92,6 +92,13 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "the prefix cache's bound: bytes (`512MiB`, `2GB`) or a share of the KV slots' full size (`50%`)",
     ),
+    Option(
+        "kv_cache_memory",
+        str,
+        "the K/V's memory, slots and prefix cache together: a share of the device's memory (the machine's or"
+        " the cgroup limit's on CPU) that weights and K/V may fill (`90%`), or bytes (`8GiB`); max_num_seqs is"
+        " lowered to what fits at max_model_len, and start-up fails if one sequence does not; `0` = unchecked",
+    ),
     Option("served_model_name", str, "model name in the API; empty = the --model value"),
     Option(
         "tool_call_parser",

@@ -47,6 +47,7 @@ class Settings:
     max_model_len: int = _SCHEDULER.max_model_len
     prefix_caching: str = "on" if _SCHEDULER.prefix_caching else "off"
     prefix_cache_size: str = f"{_SCHEDULER.prefix_cache_share:.0%}"
+    kv_cache_memory: str = f"{_SCHEDULER.kv_cache_share:.0%}"
     served_model_name: str = ""
     tool_call_parser: str = "auto"
     chat_template: str = ""
@@ -157,6 +158,7 @@ class Settings:
         if self.prefix_caching not in ("on", "off"):
             raise ValueError("prefix_caching must be on or off")
         cache_bytes, cache_share = parse_size(self.prefix_cache_size)
+        kv_bytes, kv_share = parse_size(self.kv_cache_memory)
         engine = EngineConfig(
             model=ModelConfig(
                 self.model,
@@ -177,6 +179,8 @@ class Settings:
                 prefix_caching=self.prefix_caching == "on",
                 prefix_cache_bytes=cache_bytes,
                 prefix_cache_share=cache_share,
+                kv_cache_bytes=kv_bytes,
+                kv_cache_share=kv_share,
             ),
             separate_process=self.engine_mode == "process",
             nice=self.engine_nice,

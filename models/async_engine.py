@@ -211,7 +211,7 @@ class AsyncEngine:
         # Imported here, not at the top: with the engine in a child process this process never
         # imports torch or transformers' models (seconds of start-up, hundreds of MiB).
         from models.engine import EngineCore
-        from models.loader import load_model, resolve_max_model_len
+        from models.loader import load_model, resolve_engine_config
 
         def publish_threadsafe(outputs: list[RequestOutput]) -> None:
             # One hop per step, not per request. A closed loop raises RuntimeError: nobody listens.
@@ -223,7 +223,7 @@ class AsyncEngine:
 
         def build() -> EngineCore:
             loaded = load_model(config.model)
-            resolved.append(resolve_max_model_len(config, loaded))
+            resolved.append(resolve_engine_config(config, loaded))
             return EngineCore(loaded, resolved[0].scheduler, publish_threadsafe, observer=observer)
 
         # The model loads on the thread that runs the loop (EngineCore.start_on_own_thread says why).

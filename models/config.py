@@ -41,6 +41,11 @@ class SchedulerConfig:
     # (max_num_seqs x max_model_len tokens). The pool grows as blocks are kept, up to the bound.
     prefix_cache_bytes: int = 0
     prefix_cache_share: float = 1.0
+    # The K/V's memory budget, slots and prefix cache together (models/kv_budget.py): bytes, or
+    # (when 0) a share of the device's memory that the weights and the K/V may fill together,
+    # vLLM's --gpu-memory-utilization; both 0: no budget, the slots sized by the flags alone.
+    kv_cache_bytes: int = 0
+    kv_cache_share: float = 0.9
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -55,6 +60,8 @@ class SchedulerConfig:
             raise ValueError("prefix_cache_block_size must be at least 1")
         if self.prefix_cache_bytes < 0 or self.prefix_cache_share < 0:
             raise ValueError("the prefix cache's size must not be negative")
+        if self.kv_cache_bytes < 0 or not 0 <= self.kv_cache_share <= 1:
+            raise ValueError("the K/V's memory must be a size in bytes or a share of the device's memory up to 100%")
         if self.max_num_batched_tokens <= self.max_num_seqs:
             # Every running sequence decodes one token per step; prefill needs room beyond that.
             raise ValueError("max_num_batched_tokens must be greater than max_num_seqs")

@@ -51,7 +51,7 @@ from models.engine_messages import (
     output_to_wire,
 )
 from models.gpu import read_gpu_stats
-from models.loader import load_model, resolve_max_model_len
+from models.loader import load_model, resolve_engine_config
 from models.outputs import ENGINE_STOPPED, RequestOutput
 from models.sequence import FinishReason
 
@@ -158,7 +158,7 @@ def serve_engine(
         init()  # the server's logging set-up
     try:
         loaded = load_model(config.model)
-        config = resolve_max_model_len(config, loaded)
+        config = resolve_engine_config(config, loaded)
     except Exception as exc:
         log.exception("could not load the model")
         messages.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
@@ -166,7 +166,7 @@ def serve_engine(
     messages.send(
         Loaded(
             list(loaded.tokenizer.eos_token_ids),
-            config.scheduler.max_model_len,
+            config.scheduler,
             pickle.dumps(loaded.tokenizer.hf, protocol=pickle.HIGHEST_PROTOCOL),
         )
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from models.config import SchedulerConfig
 from models.gpu import GpuStat
 from models.outputs import RequestOutput
 from models.prefix_cache import PrefixCacheStats
@@ -108,7 +109,9 @@ WireOutput = tuple[str, str, list[int], int, int, list[Any], str | None, str | N
 
 class Loaded(NamedTuple):
     eos_token_ids: list[int]
-    max_model_len: int  # resolved against the model's own limit
+    # Resolved against the model (max_model_len) and the K/V's memory budget (max_num_seqs, the
+    # prefix cache's bound): models/loader.py resolve_engine_config.
+    scheduler: SchedulerConfig
     # The child's Hugging Face tokenizer, pickled: the server unpickles it off its event loop. One
     # tokenizer, as AutoTokenizer chose it, on both sides; and the server never imports torch,
     # which transformers' AutoTokenizer does (through its config classes), but the tokenizer

@@ -101,7 +101,7 @@ class EngineProcess:
         self._warm = asyncio.Event()
         # A child started early (`surge serve` spawns it before importing the server) or now.
         spawned = spawned if spawned is not None else spawn_engine(config, init)
-        self.engine_config = spawned.config  # max_model_len resolved once the child reports it
+        self.engine_config = spawned.config  # the scheduler's resolved once the child reports it
         self._requests: Connection = spawned.requests
         self._messages: Connection = spawned.messages
         self._process = spawned.process
@@ -119,8 +119,7 @@ class EngineProcess:
         """Wait for the model to load (raise if it failed), take its tokenizer, wait for warmup."""
         try:
             loaded = await self._loaded
-            scheduler = replace(self.engine_config.scheduler, max_model_len=loaded.max_model_len)
-            self.engine_config = replace(self.engine_config, scheduler=scheduler)
+            self.engine_config = replace(self.engine_config, scheduler=loaded.scheduler)
             # The tokenizer unpickles here while the child warms up.
             hf_tokenizer = await asyncio.to_thread(pickle.loads, loaded.tokenizer)
             tokenizer = Tokenizer(hf_tokenizer, loaded.eos_token_ids)

@@ -24,12 +24,15 @@ from models.cpus import prefill_thread_count
 from models.echo import ECHO_MODEL
 from models.fused_decoder import fuse_projections
 from models.int8_linear import quantize_linears
+from models.kv_budget import fit_kv_budget, kv_budget, kv_bytes_per_token
+from models.memory import device_memory
 from models.packed_linear import pack_linears
 from models.threads import StepThreads, step_threads
 from models.tokenizer import Tokenizer
 
 log = logging.getLogger("surge.loader")
 
+CPU = torch.device("cpu")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # The rows oneDNN lays packed weights out for (models/packed_linear.py): a decode step of 32
 # sequences, the default max_num_seqs; measured as good as a layout for 1 or 512 rows at 8-2,048.
@@ -44,6 +47,8 @@ class LoadedModel:
     max_position_embeddings: int | None
     vocab_size: int  # the width of the logits (may be padded past the tokenizer's)
     threads: StepThreads | None = None  # per-step CPU thread counts; None: leave torch's alone
+    kv_bytes_per_token: int = 0  # the slot cache's bytes a token (models/kv_budget.py); 0: no K/V
+    device: torch.device = CPU
 
 
 def resolve_device(device: str) -> torch.device:
@@ -99,8 +104,10 @@ def load_model(config: ModelConfig) -> LoadedModel:
     log.info(
         "loading weights from %s (%s) on %s as %s", path, _format_bytes(size) if size else "size unknown", device, dtype
     )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    model = model.to(device)
+    # Straight onto the device: from_pretrained builds the model on the meta device and places
+    # each tensor where device_map says as it reads it, so a GPU's weights never pass through
+    # host memory as a whole model first (a `.to(device)` after loading on the CPU did).
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device)
     model.eval()
     text_config = model.config.get_text_config()
     max_pos = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None)
@@ -126,6 +133,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
         int(max_pos) if max_pos else None,
         vocab_size,
         step_threads(device, config.num_threads, config.prefill_threads),
+        kv_bytes_per_token(model.config, dtype),
+        device,
     )
 
 
@@ -142,6 +151,17 @@ def load_echo() -> LoadedModel:
 
 # For models whose config states no context length (rare).
 DEFAULT_MAX_MODEL_LEN = 2048
+
+
+def resolve_engine_config(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:
+    """`config` as this model and this machine allow: max_model_len from the model when left at
+    0, then max_num_seqs and the prefix cache fitted to the K/V's memory budget. Called once the
+    weights are loaded, so the memory still free is what the K/V may take."""
+    config = resolve_max_model_len(config, loaded)
+    scheduler = config.scheduler
+    memory = device_memory(loaded.device) if loaded.kv_bytes_per_token and not scheduler.kv_cache_bytes else None
+    fitted = fit_kv_budget(scheduler, loaded.kv_bytes_per_token, kv_budget(scheduler, memory))
+    return replace(config, scheduler=fitted)
 
 
 def resolve_max_model_len(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:

@@ -4,8 +4,8 @@
 # this checkout's .venv's (`make install-dev`), for CPython 3.12 on manylinux x86_64 (that image's).
 # Keep .whl/ out of git: `echo /.whl/ >> .git/info/exclude`.
 set -euo pipefail
-PACKAGES=(annotated_types anyio click distro fastapi h11 hf_xet httpcore2 httptools httpx2 huggingface_hub idna
-  iniconfig jiter openai opentelemetry_api packaging pluggy prometheus_fastapi_instrumentator pydantic pydantic_core
+PACKAGES=(accelerate annotated_types anyio click distro fastapi h11 hf_xet httpcore2 httptools httpx2 huggingface_hub idna
+  iniconfig jiter openai opentelemetry_api packaging pluggy prometheus_fastapi_instrumentator psutil pydantic pydantic_core
   pygments pytest pytest_asyncio pytest_timeout redis regex safetensors sniffio starlette tenacity tokenizers
   transformers truststore typing_extensions typing_inspection uvicorn)
 PIN=$(.venv/bin/pip freeze | tr '[:upper:]-' '[:lower:]_')

@@ -28,6 +28,8 @@ GAUGES = [
     "surge_requests_running",
     "surge_requests_in_queue_per_worker",
     "surge_kv_cache_usage_ratio",
+    "surge_max_num_seqs",
+    "surge_kv_cache_budget_bytes",
     "surge_degradation_level",
     "surge_prefix_cache_used_bytes",
     "surge_prefix_cache_capacity_bytes",

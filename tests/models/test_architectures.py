@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from models.async_engine import AsyncEngine
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
+from models.kv_budget import kv_bytes_per_token
 from models.sampling_params import SamplingParams
 from tests.live_server import MODEL_NAME, running_server
 
@@ -57,6 +58,9 @@ async def test_engine_matches_generate(arch_dir: Path, device: str) -> None:
         async with group:
             async for out in group:
                 got[group.index[out.request_id]] += out.token_ids
+        # The budget's bytes a token (models/kv_budget.py) are what the slot cache really holds.
+        runner = getattr(engine.core, "runner")  # noqa: B009
+        assert kv_bytes_per_token(runner.model.config, torch.float32) == runner.kv_block_bytes(1)
     finally:
         engine.stop()
     assert got == expected

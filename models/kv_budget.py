@@ -1,0 +1,123 @@
+"""The K/V's memory budget: how many sequences of max_model_len tokens the slot cache may hold, and
+what is left for the prefix cache, from the memory still free once the weights are loaded.
+
+The slot cache (models/kv_cache.py) grows by doubling as sequences lengthen, up to
+max_num_seqs x max_model_len tokens: every slot as long as the longest live sequence. A server
+whose flags ask for more than the machine holds would start, serve short chats, and die (the
+kernel's OOM killer, CUDA's out-of-memory) with every stream it carries the first time enough
+long conversations grew the cache. vLLM sizes its cache at start-up from
+`--gpu-memory-utilization`; so does surge, from `--kv-cache-memory`:
+
+- a share (the default, 90%): the weights and the K/V together may fill that share of the
+  device's memory (on the CPU, of the machine's or the cgroup limit's); the K/V gets what of it
+  is still free after loading, and the rest of the memory is left for the forward pass's
+  temporaries, the HTTP process and everything else;
+- bytes (`8GiB`): the K/V's budget outright;
+- 0: no budget; the slots are sized by the flags alone, as asked.
+
+The slots come first: max_num_seqs is lowered until its sequences fit at max_model_len (a
+client's context limit stays what the model card says; fewer of them run at once and the rest
+queue), and start-up fails when not even one fits. The prefix cache takes its usual bound
+(--prefix-cache-size) or what the slots leave, whichever is smaller.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+import torch
+from transformers import PretrainedConfig
+
+from models.config import SchedulerConfig
+from models.memory import Memory
+
+log = logging.getLogger("surge.engine")
+
+
+def kv_bytes_per_token(config: PretrainedConfig, dtype: torch.dtype) -> int:
+    """Bytes of keys and values one token takes in the slot cache: every layer, every K/V head."""
+    text = config.get_text_config()
+    layers = text.num_hidden_layers
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 2 * layers * kv_heads * head_dim * dtype.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class KVBudget:
+    bytes: int  # what the slots and the prefix cache together may hold
+    reason: str  # how it was reached, for the log and the start-up error
+
+
+def kv_budget(config: SchedulerConfig, memory: Memory | None) -> KVBudget | None:
+    """The budget `config` asks for; None for no budget. `memory`: read after the weights loaded."""
+    if config.kv_cache_bytes:
+        return KVBudget(config.kv_cache_bytes, f"--kv-cache-memory {_gib(config.kv_cache_bytes)}")
+    if not config.kv_cache_share or memory is None:
+        return None
+    # What the share leaves unfilled stays free; the weights already loaded count as filled.
+    reserve = memory.total - int(config.kv_cache_share * memory.total)
+    free = max(0, memory.free - reserve)
+    return KVBudget(
+        free,
+        f"{config.kv_cache_share:.0%} of {memory.where}'s {_gib(memory.total)}, with"
+        f" {_gib(memory.free)} free after loading the weights",
+    )
+
+
+def fit_kv_budget(config: SchedulerConfig, bytes_per_token: int, budget: KVBudget | None) -> SchedulerConfig:
+    """`config` with max_num_seqs and the prefix cache's bound fitted to `budget`; raises
+    ValueError when not even one sequence of max_model_len tokens fits."""
+    if budget is None or bytes_per_token == 0:  # no budget, or a model without K/V (echo)
+        return config
+    per_sequence = config.max_model_len * bytes_per_token
+    fits = budget.bytes // per_sequence
+    if fits < 1:
+        longest = budget.bytes // bytes_per_token
+        raise ValueError(
+            f"the K/V of one sequence of max_model_len {config.max_model_len} tokens takes {_gib(per_sequence)}"
+            f" ({bytes_per_token} bytes a token), more than its budget of {_gib(budget.bytes)} ({budget.reason});"
+            f" lower --max-model-len (at most {longest} fits) or raise --kv-cache-memory"
+        )
+    seqs = min(config.max_num_seqs, fits)
+    if seqs < config.max_num_seqs:
+        log.warning(
+            "max_num_seqs lowered from %d to %d: the K/V budget of %s (%s) holds only %d at max_model_len %d"
+            " (%s a sequence); lower --max-model-len for more at once",
+            config.max_num_seqs,
+            seqs,
+            _gib(budget.bytes),
+            budget.reason,
+            fits,
+            config.max_model_len,
+            _gib(per_sequence),
+        )
+    slots = seqs * per_sequence
+    pool = config.prefix_cache_bytes or int(config.prefix_cache_share * slots)
+    left = budget.bytes - slots
+    fitted = replace(config, max_num_seqs=seqs, kv_cache_bytes=budget.bytes)
+    if not config.prefix_caching or pool <= left:
+        log.info(
+            "K/V budget %s (%s): %d slots of %d tokens", _gib(budget.bytes), budget.reason, seqs, config.max_model_len
+        )
+        return replace(fitted, prefix_cache_bytes=pool) if config.prefix_caching else fitted
+    log.warning(
+        "the prefix cache's bound lowered from %s to %s: what the K/V budget of %s (%s) leaves beside the"
+        " slots of %d sequences",
+        _gib(pool),
+        _gib(left),
+        _gib(budget.bytes),
+        budget.reason,
+        seqs,
+    )
+    if left <= 0:
+        return replace(fitted, prefix_caching=False)
+    return replace(fitted, prefix_cache_bytes=left)
+
+
+def _gib(size: int) -> str:
+    if size >= 2**30:
+        return f"{size / 2**30:.1f} GiB"
+    return f"{size / 2**20:.1f} MiB"

@@ -77,7 +77,7 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch
 if torch.cuda.is_available():
     print("device", torch.cuda.get_device_name(0), "capability", torch.cuda.get_device_capability(0),
           "bf16", torch.cuda.is_bf16_supported())
-for name in ("transformers", "tokenizers", "huggingface_hub", "safetensors", "fastapi", "starlette", "pydantic",
+for name in ("transformers", "accelerate", "tokenizers", "huggingface_hub", "safetensors", "fastapi", "starlette", "pydantic",
              "uvicorn", "httptools", "uvloop", "openai", "httpx2", "pytest", "pytest_asyncio", "pynvml"):
     try:
         module = importlib.import_module(name)
@@ -196,6 +196,11 @@ gpu = [line for line in metrics.splitlines() if line.startswith("surge_gpu")]
 print("\n".join(gpu) or "(no surge_gpu lines)")
 if device.startswith("cuda"):
     check("GPU memory gauge", any(line.startswith("surge_gpu_memory_used_bytes{") for line in gpu))
+# The K/V budget read the device's free memory (torch.cuda.mem_get_info) after loading the weights.
+budget = [line for line in metrics.splitlines()
+          if line.startswith(("surge_kv_cache_budget_bytes{", "surge_max_num_seqs{"))]
+print("\n".join(budget))
+check("K/V budget from the device's memory", len(budget) == 2 and all(float(line.split()[-1]) > 0 for line in budget))
 print("INFO", len(metrics.splitlines()), "metrics lines;", sum(1 for line in metrics.splitlines()
       if line.startswith("surge_") and not line.startswith("#")), "surge_ samples")
 print("client:", "FAILED " + ", ".join(failures) if failures else "all passed")

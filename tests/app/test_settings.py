@@ -42,6 +42,19 @@ def test_prefix_caching_is_on_by_default_and_sized_in_bytes_or_as_a_share() -> N
     assert parse_settings(["--prefix-cache-size", "2GB"], environ={}).engine.scheduler.prefix_cache_bytes == 2 * 10**9
 
 
+def test_the_kv_memory_is_a_share_of_the_device_by_default_bytes_or_unchecked() -> None:
+    default = parse_settings([], environ={}).engine.scheduler
+    assert (default.kv_cache_bytes, default.kv_cache_share) == (0, 0.9)
+    sized = parse_settings(["--kv-cache-memory", "8GiB"], environ={}).engine.scheduler
+    assert (sized.kv_cache_bytes, sized.kv_cache_share) == (8 * 2**30, 0.0)
+    shared = parse_settings([], environ={"SURGE_KV_CACHE_MEMORY": "50%"}).engine.scheduler
+    assert (shared.kv_cache_bytes, shared.kv_cache_share) == (0, 0.5)
+    unchecked = parse_settings(["--kv-cache-memory", "0"], environ={}).engine.scheduler
+    assert (unchecked.kv_cache_bytes, unchecked.kv_cache_share) == (0, 0.0)
+    with pytest.raises(ValueError, match="share of the device's memory up to 100%"):
+        parse_settings(["--kv-cache-memory", "150%"], environ={})
+
+
 def test_settings_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         Settings().port = 1  # type: ignore[misc]

@@ -76,6 +76,11 @@ def fit_kv_budget(config: SchedulerConfig, bytes_per_token: int, budget: KVBudge
     fits = budget.bytes // per_sequence
     if fits < 1:
         longest = budget.bytes // bytes_per_token
+        if longest < 2:  # not even a one-token prompt and its reply: nothing to lower
+            raise ValueError(
+                f"the K/V has a budget of {_gib(budget.bytes)} ({budget.reason}): not one token's"
+                f" {bytes_per_token} bytes fits; give it bytes (--kv-cache-memory 2GiB), a larger share, or free memory"
+            )
         raise ValueError(
             f"the K/V of one sequence of max_model_len {config.max_model_len} tokens takes {_gib(per_sequence)}"
             f" ({bytes_per_token} bytes a token), more than its budget of {_gib(budget.bytes)} ({budget.reason});"

@@ -83,6 +83,12 @@ def test_not_one_sequence_fits() -> None:
         fit_kv_budget(_config(), TOKEN, KVBudget(MIB // 2, "test"))
 
 
+def test_no_memory_left_at_all_says_so_rather_than_a_context_of_zero() -> None:
+    starved = kv_budget(_config(), Memory(2**29, 10 * 2**30, "cuda:0"))  # less free than 10% of it
+    with pytest.raises(ValueError, match=r"not one token's 4096 bytes fits; give it bytes"):
+        fit_kv_budget(_config(), TOKEN, starved)
+
+
 def _token_bytes(model_dir: Path) -> int:
     return kv_bytes_per_token(AutoConfig.from_pretrained(model_dir), torch.float32)
 

@@ -30,7 +30,7 @@ import torch
 from transformers import PretrainedConfig
 
 from models.config import SchedulerConfig
-from models.memory import Memory
+from models.memory import Memory, format_bytes
 
 log = logging.getLogger("surge.engine")
 
@@ -54,7 +54,7 @@ class KVBudget:
 def kv_budget(config: SchedulerConfig, memory: Memory | None) -> KVBudget | None:
     """The budget `config` asks for; None for no budget. `memory`: read after the weights loaded."""
     if config.kv_cache_bytes:
-        return KVBudget(config.kv_cache_bytes, f"--kv-cache-memory {_gib(config.kv_cache_bytes)}")
+        return KVBudget(config.kv_cache_bytes, f"--kv-cache-memory {format_bytes(config.kv_cache_bytes)}")
     if not config.kv_cache_share or memory is None:
         return None
     # What the share leaves unfilled stays free; the weights already loaded count as filled.
@@ -62,8 +62,8 @@ def kv_budget(config: SchedulerConfig, memory: Memory | None) -> KVBudget | None
     free = max(0, memory.free - reserve)
     return KVBudget(
         free,
-        f"{config.kv_cache_share:.0%} of {memory.where}'s {_gib(memory.total)}, with"
-        f" {_gib(memory.free)} free after loading the weights",
+        f"{config.kv_cache_share:.0%} of {memory.where}'s {format_bytes(memory.total)}, with"
+        f" {format_bytes(memory.free)} free after loading the weights",
     )
 
 
@@ -78,12 +78,13 @@ def fit_kv_budget(config: SchedulerConfig, bytes_per_token: int, budget: KVBudge
         longest = budget.bytes // bytes_per_token
         if longest < 2:  # not even a one-token prompt and its reply: nothing to lower
             raise ValueError(
-                f"the K/V has a budget of {_gib(budget.bytes)} ({budget.reason}): not one token's"
+                f"the K/V has a budget of {format_bytes(budget.bytes)} ({budget.reason}): not one token's"
                 f" {bytes_per_token} bytes fits; give it bytes (--kv-cache-memory 2GiB), a larger share, or free memory"
             )
         raise ValueError(
-            f"the K/V of one sequence of max_model_len {config.max_model_len} tokens takes {_gib(per_sequence)}"
-            f" ({bytes_per_token} bytes a token), more than its budget of {_gib(budget.bytes)} ({budget.reason});"
+            f"the K/V of one sequence of max_model_len {config.max_model_len} tokens takes"
+            f" {format_bytes(per_sequence)} ({bytes_per_token} bytes a token), more than its budget of"
+            f" {format_bytes(budget.bytes)} ({budget.reason});"
             f" lower --max-model-len (at most {longest} fits) or raise --kv-cache-memory"
         )
     seqs = min(config.max_num_seqs, fits)
@@ -93,11 +94,11 @@ def fit_kv_budget(config: SchedulerConfig, bytes_per_token: int, budget: KVBudge
             " (%s a sequence); lower --max-model-len for more at once",
             config.max_num_seqs,
             seqs,
-            _gib(budget.bytes),
+            format_bytes(budget.bytes),
             budget.reason,
             fits,
             config.max_model_len,
-            _gib(per_sequence),
+            format_bytes(per_sequence),
         )
     slots = seqs * per_sequence
     pool = config.prefix_cache_bytes or int(config.prefix_cache_share * slots)
@@ -105,24 +106,22 @@ def fit_kv_budget(config: SchedulerConfig, bytes_per_token: int, budget: KVBudge
     fitted = replace(config, max_num_seqs=seqs, kv_cache_bytes=budget.bytes)
     if not config.prefix_caching or pool <= left:
         log.info(
-            "K/V budget %s (%s): %d slots of %d tokens", _gib(budget.bytes), budget.reason, seqs, config.max_model_len
+            "K/V budget %s (%s): %d slots of %d tokens",
+            format_bytes(budget.bytes),
+            budget.reason,
+            seqs,
+            config.max_model_len,
         )
         return replace(fitted, prefix_cache_bytes=pool) if config.prefix_caching else fitted
     log.warning(
         "the prefix cache's bound lowered from %s to %s: what the K/V budget of %s (%s) leaves beside the"
         " slots of %d sequences",
-        _gib(pool),
-        _gib(left),
-        _gib(budget.bytes),
+        format_bytes(pool),
+        format_bytes(left),
+        format_bytes(budget.bytes),
         budget.reason,
         seqs,
     )
     if left <= 0:
         return replace(fitted, prefix_caching=False)
     return replace(fitted, prefix_cache_bytes=left)
-
-
-def _gib(size: int) -> str:
-    if size >= 2**30:
-        return f"{size / 2**30:.1f} GiB"
-    return f"{size / 2**20:.1f} MiB"

@@ -25,7 +25,7 @@ from models.echo import ECHO_MODEL
 from models.fused_decoder import fuse_projections
 from models.int8_linear import quantize_linears
 from models.kv_budget import fit_kv_budget, kv_budget, kv_bytes_per_token
-from models.memory import device_memory
+from models.memory import device_memory, format_bytes
 from models.packed_linear import pack_linears
 from models.threads import StepThreads, step_threads
 from models.tokenizer import Tokenizer
@@ -102,7 +102,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     hf_tokenizer = AutoTokenizer.from_pretrained(path)
     size = _weights_size(path)
     log.info(
-        "loading weights from %s (%s) on %s as %s", path, _format_bytes(size) if size else "size unknown", device, dtype
+        "loading weights from %s (%s) on %s as %s", path, format_bytes(size) if size else "size unknown", device, dtype
     )
     # Straight onto the device: from_pretrained builds the model on the meta device and places
     # each tensor where device_map says as it reads it, so a GPU's weights never pass through
@@ -159,7 +159,7 @@ def resolve_engine_config(config: EngineConfig, loaded: LoadedModel) -> EngineCo
     weights are loaded, so the memory still free is what the K/V may take."""
     config = resolve_max_model_len(config, loaded)
     scheduler = config.scheduler
-    memory = device_memory(loaded.device) if loaded.kv_bytes_per_token and not scheduler.kv_cache_bytes else None
+    memory = device_memory(loaded.device) if loaded.kv_bytes_per_token else None
     fitted = fit_kv_budget(scheduler, loaded.kv_bytes_per_token, kv_budget(scheduler, memory))
     return replace(config, scheduler=fitted)
 
@@ -193,12 +193,3 @@ def _weights_size(path: str) -> int:
     if not directory.is_dir():
         return 0
     return sum(f.stat().st_size for f in directory.iterdir() if f.is_file() and f.name.endswith(_WEIGHT_SUFFIXES))
-
-
-def _format_bytes(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"  # pragma: no cover - the loop always returns

@@ -89,3 +89,13 @@ def _meminfo(path: Path) -> dict[str, int]:
     except (OSError, ValueError):
         pass
     return values
+
+
+def format_bytes(size: int) -> str:
+    """`size` bytes for a log line: `31.0 MiB`, `20.2 GiB`."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"  # pragma: no cover - the loop always returns

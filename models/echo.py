@@ -57,6 +57,9 @@ class EchoRunner:
     def apply_loads(self, loads: Seq[BlockCopy]) -> None:
         """Nothing to load: the echo model caches nothing."""
 
+    def release_slots(self, first_slot: int, end_slot: int) -> None:
+        """No K/V to release."""
+
     def kv_block_bytes(self, block_size: int) -> int:
         return 0  # no K/V: no prefix cache
 

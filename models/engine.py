@@ -36,6 +36,7 @@ from models.sampler import Sampler
 from models.sampling_params import SamplingParams
 from models.scheduler import Scheduler, SchedulerOutput, warmup_sequences
 from models.sequence import FinishReason, Sequence
+from models.slot_release import SlotRelease
 
 log = logging.getLogger("surge.engine")
 
@@ -75,6 +76,7 @@ class EngineCore:
             self.runner = EchoRunner(echo_token_ids(loaded.tokenizer), loaded.vocab_size, config.max_num_seqs)
         else:
             self.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len)
+        self._slots = SlotRelease(self.runner, config.max_num_seqs, clock)
         self.sampler = Sampler(loaded.vocab_size, self.runner.device)
         self.grammars = GrammarCompiler(loaded.tokenizer.hf, loaded.vocab_size, loaded.tokenizer.eos_token_ids)
         self._masks = MaskWorker(loaded.vocab_size)
@@ -213,9 +215,16 @@ class EngineCore:
             gc.freeze()
             self.is_warm = True
             on_iteration()
-            while self._drain_inbox(block=not self.scheduler.has_work):
+            while True:
+                idle = not self.scheduler.has_work
+                wait = self._slots.idle_wait() if idle else None
+                if not self._drain_inbox(block=idle, timeout=wait):
+                    break
                 if self.scheduler.has_work:
                     self.step()
+                elif wait is not None:  # idle that long: the free slots' memory goes back
+                    self.step()  # first the moves and prefix-cache copies the last finishes left
+                    self._slots.idle()
                 on_iteration()
         except BaseException as exc:  # the loop must never die silently
             log.exception("engine loop died")
@@ -238,6 +247,7 @@ class EngineCore:
         requests' outputs. A failure fails the plan's requests, not the loop."""
         try:
             self.runner.apply_moves(plan.moves)
+            self._slots.after_moves(plan.num_slots)  # moves read their source slots: release after
             self.runner.apply_loads(plan.loads)
             if plan.is_empty:
                 return []
@@ -330,11 +340,12 @@ class EngineCore:
         running = self.scheduler.running
         self.kv_usage = sum(seq.num_tokens for seq in running) / (self.config.max_num_seqs * self.config.max_model_len)
 
-    def _drain_inbox(self, block: bool) -> bool:
-        """Take in new requests and aborts; return False when asked to stop."""
+    def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
+        """Take in new requests and aborts, waiting for the first at most `timeout` seconds when
+        `block` (None: as long as it takes); return False when asked to stop."""
         while True:
             try:
-                item = self._inbox.get(block=block)
+                item = self._inbox.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
                 return True
             block = False

@@ -49,6 +49,10 @@ class Runner(Protocol):
         """Cached prefixes into their new slots."""
         ...
 
+    def release_slots(self, first_slot: int, end_slot: int) -> None:
+        """Slots [first_slot, end_slot) are free: their K/V memory may go back to the system."""
+        ...
+
     def kv_block_bytes(self, block_size: int) -> int:
         """K/V bytes of `block_size` tokens; 0 when this runner keeps no K/V."""
         ...
@@ -79,7 +83,10 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         config = model.config.get_text_config()
-        self.cache = SlotCache(config.num_hidden_layers, max_num_seqs, max_model_len)
+        # On the CPU the slots are reserved, not allocated: memory follows the tokens written and
+        # never grows by copying the whole cache (models/kv_cache.py).
+        reserve = self.device.type == "cpu"
+        self.cache = SlotCache(config.num_hidden_layers, max_num_seqs, max_model_len, reserve=reserve)
         self.max_model_len = max_model_len
         self._mask_min = torch.finfo(self.dtype).min
         self._sliding_window, self._mixed_layers = _sliding_layout(config)
@@ -137,6 +144,11 @@ class ModelRunner:
         if self.pool is not None:
             for load in loads:
                 self.pool.load(load.slot, load.rows)
+
+    def release_slots(self, first_slot: int, end_slot: int) -> None:
+        """Slots [first_slot, end_slot) hold no sequence and no pending move's source: their K/V
+        memory may go back to the system (on the CPU; elsewhere the cache keeps its memory)."""
+        self.cache.release(first_slot, end_slot)
 
     def kv_block_bytes(self, block_size: int) -> int:
         return KVPool.block_bytes(self.cache, block_size)

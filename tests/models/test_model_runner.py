@@ -89,6 +89,14 @@ def test_packed_step_gives_the_split_steps_logits(arch_dir: Path, device: str, c
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=f"step {step}")
 
 
+def test_on_the_cpu_the_slots_are_reserved_at_full_length(arch_dir: Path, device: str) -> None:
+    # Memory follows the tokens written and the cache never grows by copying (models/kv_cache.py);
+    # elsewhere it grows by doubling from 256 positions.
+    runner = ModelRunner(load(arch_dir, device), max_num_seqs=3, max_model_len=512)
+    on_cpu = device == "cpu"
+    assert runner.cache.reserve is on_cpu and runner.cache.capacity == (512 if on_cpu else 256)
+
+
 def test_a_model_without_sdpa_attention_runs_split(arch_dir: Path, device: str) -> None:
     # eager attention may carry what SDPA cannot (softcapping): such a model keeps two forwards
     runner = ModelRunner(load(arch_dir, device, "eager"), max_num_seqs=5, max_model_len=64)

@@ -1,0 +1,77 @@
+"""The slot cache's reserved memory on the CPU (models/kv_cache.py): pages are committed where
+tokens are written and nowhere else, and a release hands a range of slots back (they read as zeros
+again) without touching a neighbour's row. Memory is read from the process's anonymous RSS."""
+
+from __future__ import annotations
+
+import torch
+
+from models.kv_cache import SlotCache, SlotLayer
+
+MIB = 2**20
+SLOTS, HEADS, MAX_LEN, DIM = 8, 4, 8192, 64  # a slot: 4 x 8,193 x 64 float32 = 8 MiB a tensor
+
+
+def rss_anon() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def reserved_layer() -> tuple[SlotCache, SlotLayer]:
+    cache = SlotCache(num_layers=1, num_slots=SLOTS, max_len=MAX_LEN, reserve=True)
+    layer = cache.slot_layers[0]
+    sample = torch.zeros(1, HEADS, 1, DIM)
+    layer.lazy_initialization(sample, sample)
+    return cache, layer
+
+
+def test_a_reserved_cache_commits_only_what_is_written() -> None:
+    before = rss_anon()
+    cache, layer = reserved_layer()
+    assert layer.keys is not None and layer.values is not None
+    assert cache.capacity == MAX_LEN and layer.keys.shape == (SLOTS, HEADS, MAX_LEN + 1, DIM)
+    full = 2 * layer.keys.numel() * 4  # 128 MiB of keys and values reserved
+    assert rss_anon() - before < 4 * MIB
+    assert not bool(layer.keys.any())  # never written: zeros
+    layer.keys[2:4] = 1.0
+    layer.values[2:4] = 1.0
+    written = 4 * HEADS * (MAX_LEN + 1) * DIM * 4  # two slots of keys and values: 32 MiB
+    grown = rss_anon() - before
+    assert written - MIB <= grown < written + 8 * MIB < full
+
+
+def test_release_returns_the_slots_memory_and_keeps_their_neighbours() -> None:
+    cache, layer = reserved_layer()
+    assert layer.keys is not None and layer.values is not None
+    layer.keys.fill_(1.0)
+    layer.values.fill_(2.0)
+    committed = rss_anon()
+    cache.release(3, 6)
+    freed = committed - rss_anon()
+    slot = HEADS * (MAX_LEN + 1) * DIM * 4
+    assert 6 * slot - 4 * MIB <= freed <= 6 * slot + 4 * MIB  # 3 slots of keys and values
+    assert not bool(layer.keys[4].any()) and not bool(layer.values[4].any())
+    # Only pages wholly inside the range go: slot 3 starts and slot 5 ends mid-page (a slot is
+    # 2,048.25 pages), and those two pages keep their data, as do the neighbours on either side.
+    for tensor, value in ((layer.keys, 1.0), (layer.values, 2.0)):
+        assert bool((tensor[2] == value).all()) and bool((tensor[6] == value).all())
+        assert 0 < int((tensor[3] == value).sum()) <= 1024 and 0 < int((tensor[5] == value).sum()) <= 1024
+    cache.release(0)  # to the end, from a page boundary
+    assert not bool(layer.keys[:7].any()) and not bool(layer.values[:7].any())
+
+
+def test_an_unreserved_cache_grows_by_doubling_and_release_keeps_its_data() -> None:
+    cache = SlotCache(num_layers=1, num_slots=2, max_len=64, initial_capacity=8)
+    layer = cache.slot_layers[0]
+    sample = torch.zeros(1, HEADS, 1, DIM)
+    layer.lazy_initialization(sample, sample)
+    assert layer.keys is not None and layer.keys.shape[2] == 9
+    layer.keys.fill_(1.0)
+    cache.ensure_capacity(20)
+    assert cache.capacity == 20 and layer.keys.shape[2] == 21
+    assert bool((layer.keys[:, :, :8] == 1.0).all())  # what was there is copied across
+    cache.release(0)  # a no-op: allocator memory is not handed back piecemeal
+    assert bool((layer.keys[:, :, :8] == 1.0).all())

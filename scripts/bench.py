@@ -237,6 +237,7 @@ def surge_server(
 ) -> BenchServer:
     """`surge serve` as the bench runs it; `stack=None` is the plain run at the server's defaults."""
     argv = surge_argv(model_dir, "--num-threads", str(args.threads), "--max-num-seqs", str(max(concurrency, 32)))
+    argv += ["--device", args.device, "--dtype", args.dtype]
     argv += ["--prefill-threads", str(args.prefill_threads), "--quantization", args.quantization]
     if args.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
@@ -263,14 +264,15 @@ def surge_server(
     )
 
 
-def transformers_cli() -> Path:
-    return Path(sys.executable).parent / "transformers"
+# transformers' console script, run as a module of this interpreter: where transformers is
+# installed with `pip --target` (as on a lent GPU machine) the script is not beside the interpreter.
+TRANSFORMERS_CLI = (sys.executable, "-m", "transformers.cli.transformers")
 
 
 def transformers_serve_installed() -> bool:
     """`transformers serve` needs the `bench` extra (accelerate, rich, openai, ...) on top of surge's own."""
-    modules = ("accelerate", "rich", "openai", "fastapi", "uvicorn")
-    return transformers_cli().exists() and all(importlib.util.find_spec(name) for name in modules)
+    modules = ("transformers", "accelerate", "rich", "openai", "fastapi", "uvicorn")
+    return all(importlib.util.find_spec(name) for name in modules)
 
 
 def transformers_server(
@@ -284,7 +286,8 @@ def transformers_server(
     tiny models rarely stop early, and tokens/s counts the tokens each stream really produced), ends
     streams without `[DONE]` and has no /ready, so readiness is GET /v1/models.
     """
-    argv = [str(transformers_cli()), "serve", str(model_dir), "--device", "cpu", "--continuous-batching"]
+    argv = [*TRANSFORMERS_CLI, "serve", str(model_dir), "--device", args.device, "--dtype", args.dtype]
+    argv += ["--continuous-batching"]
     argv += ["--cb-max-batch-tokens", "1024", "--cb-num-blocks", str(max(64, -(-seq_tokens // 256) * concurrency))]
     argv += ["--host", "127.0.0.1", "--port", "{port}", "--log-level", "warning"]
     # torch reads OMP_NUM_THREADS at import: the same thread count as surge's --num-threads.
@@ -460,10 +463,13 @@ def run_python(argv: list[str], what: str) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def run_ceiling(model_dir: Path, batch: int, new_tokens: int) -> dict[str, Any]:
-    """scripts/benchkit/ceiling.py in a subprocess, at every thread count this process may use."""
+def run_ceiling(model_dir: Path, batch: int, new_tokens: int, device: str, dtype: str) -> dict[str, Any]:
+    """scripts/benchkit/ceiling.py in a subprocess, at every thread count this process may use (on
+    a GPU one count, every CPU: there threads only launch kernels)."""
     params = {"model_dir": str(model_dir), "batch": batch, "new_tokens": new_tokens, "runs": 2}
-    params["threads"] = thread_counts(available_cpus())
+    on_cpu = device == "cpu"
+    params |= {"device": device, "dtype": dtype}
+    params["threads"] = thread_counts(available_cpus()) if on_cpu else [available_cpus()]
     out = run_python(["-m", "scripts.bench", "--ceiling-worker", json.dumps(params)], "the ceiling run")
     return dict(json.loads(out))
 
@@ -477,13 +483,29 @@ def ensure_model(size: str, cache_dir: Path) -> Path:
 # ---------------------------------------------------------------- report
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(device: str = "cpu") -> dict[str, Any]:
     cpu = cpu_model()
     # The installed distribution's version is torch.__version__ ("2.13.0+cpu"), read without a
     # subprocess that imports torch: that one took 3.9 s of every run on the 2-core VM.
     torch_version = importlib.metadata.version("torch")
     python = platform.python_version()
-    return {"nproc": os.cpu_count(), "cpu": cpu, "torch": torch_version, "python": python, "loadavg": os.getloadavg()}
+    info = {"nproc": os.cpu_count(), "cpu": cpu, "torch": torch_version, "python": python, "loadavg": os.getloadavg()}
+    return info | ({"gpu": gpu_names()} if device != "cpu" else {})
+
+
+def gpu_names() -> str:
+    """The GPUs nvidia-smi names (without importing torch here), or why it could not say."""
+    try:
+        proc = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({type(exc).__name__})"
+    return "; ".join(proc.stdout.strip().splitlines()) or f"unknown (nvidia-smi exit {proc.returncode})"
 
 
 # ---------------------------------------------------------------- main
@@ -511,6 +533,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="surge's --prefill-threads, and the ceiling's threads for its prefill; 0 = every available CPU",
     )
     parser.add_argument("--max-num-batched-tokens", type=int, help="passed to surge; default: the server's own")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where surge, `transformers serve` and the ceiling run (llama-server and naive: the CPU only)",
+    )
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="the same three's weights"
+    )
     parser.add_argument("--surge-arg", action="append", default=[], help="extra `surge serve` argument (repeatable)")
     parser.add_argument(
         "--stack",
@@ -570,6 +601,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.smoke:
         args.model_size, args.concurrency, args.max_tokens, args.requests_per_client = "s", "4", 8, 1
+    if args.device != "cpu" and args.build_llama_server:
+        parser.error("--build-llama-server: llama-server runs on the CPU here, not with --device cuda")
     args.concurrency_given = args.concurrency is not None
     args.concurrency = [int(c) for c in str(args.concurrency or "1,8,32,64").split(",") if c.strip()]
     if (problem := prefix_run.check_args(args)) is not None:
@@ -594,6 +627,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if "llama-server" in args.systems and (problem := llama_server_problem(args)) is not None:
         args.systems.remove("llama-server")
         args.skipped.append(f"llama-server skipped: {problem}")
+    if args.device != "cpu":
+        for system in ("llama-server", "naive"):  # built and run for the CPU here
+            if system in args.systems:
+                args.systems.remove(system)
+                args.skipped.append(f"{system} skipped: CPU only, and --device is {args.device}")
+        if args.quantization != "none":
+            parser.error("--quantization int8 runs on the CPU only (oneDNN's kernels)")
     if not args.systems:
         parser.error(f"no system left to run ({'; '.join(args.skipped)})")
     if args.rounds < 1:
@@ -633,7 +673,7 @@ def main(argv: list[str]) -> int:
         return 0
     args = parse_args(argv)
     command = shlex.join(sys.orig_argv)
-    machine = machine_info()
+    machine = machine_info(args.device)
     model_dir = args.model_dir.resolve() if args.model_dir else ensure_model(args.model_size, args.cache_dir)
     if args.structured:
         return run_structured(model_dir, args, command, machine)
@@ -649,8 +689,11 @@ def main(argv: list[str]) -> int:
 
         return prefix_run.main(model_dir, args, command, machine, servers)
     open_loop = f"; open loop: Poisson {args.rate:g} req/s for {args.duration:g} s" if args.rate else ""
+    on_gpu = ""
+    if args.device != "cpu":
+        on_gpu = f"Device {args.device}, {args.dtype} (surge, `transformers serve`, the ceiling). "
     note = (
-        f"Model `{model_dir.name}`; {args.max_tokens} new tokens per request, greedy, ignore_eos where the "
+        on_gpu + f"Model `{model_dir.name}`; {args.max_tokens} new tokens per request, greedy, ignore_eos where the "
         f"server takes it (not `transformers serve`: its tokens/s counts the tokens it really produced, see "
         f"`completion tok`); {args.requests_per_client} request(s) per client, closed loop{open_loop}; "
         f"threads: surge --num-threads {args.threads} --prefill-threads {args.prefill_threads}, naive and "
@@ -696,7 +739,7 @@ def main(argv: list[str]) -> int:
             concurrency = spec.concurrency
             if spec.rate is None and not args.no_ceiling and (concurrency, round_) not in ceilings:
                 bar.set_description(f"ceiling B={concurrency}")
-                ceiling = run_ceiling(model_dir, concurrency, args.max_tokens)
+                ceiling = run_ceiling(model_dir, concurrency, args.max_tokens, args.device, args.dtype)
                 ceiling_row = {"system": "ceiling", "concurrency": concurrency, "load": "batch", "round": round_}
                 rows.append(ceiling_row | ceiling)
                 results_by_row.append([])

@@ -10,6 +10,7 @@
 #   (a) tests/models/test_model_runner.py and test_architectures.py with SURGE_TEST_DEVICE    -> pytest.log
 #   (b) `surge serve` on the tiny m model, default dtype, driven by the openai SDK; /metrics   -> serve.log
 #   (c) python -m scripts.bench_engine on m and l                                                    -> bench_engine.log
+#   (d) python -m scripts.bench: surge, `transformers serve` and the ceiling on the device          -> serving_bench.log
 # Versions, nvidia-smi and one line per step (exit status, seconds) go to device_check.log.
 # Every step's timeout is also cut to what is left of BUDGET seconds, so the whole run ends in time.
 #
@@ -21,7 +22,7 @@ PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-0}
 SKIP_WHEELS=${SKIP_WHEELS:-0}
-BUDGET=${BUDGET:-330}
+BUDGET=${BUDGET:-480}
 MODELS=${MODELS:-/tmp/models}
 PORT=${PORT:-8011}
 OUT=${OUT:-/tmp/devout}
@@ -229,5 +230,19 @@ else
     --model-dir "$MODELS/l" --concurrency 32 --requests 64 --max-tokens 64 --rounds 2
 fi
 grep -E "^(\||packed|ceiling|model )" "$BENCH_LOG"
+
+# --- (d) the serving bench on the device: surge against the ceiling and `transformers serve` -----
+# Unique prompts, 32 streams, the default dtype of a GPU run; its table and JSON land in $OUT/serving.
+SERVING_LOG="$OUT/serving_bench.log"
+if [ "$QUICK" = 1 ]; then
+  step serving-s 120 "$SERVING_LOG" "$PYTHON" -m scripts.bench --device "$DEVICE" --model-dir "$MODELS/s" \
+    --systems surge,transformers --concurrency 4 --max-tokens 8 --requests-per-client 1 --rounds 1 \
+    --no-plots --no-progress --out "$OUT/serving/bench.md"
+else
+  step serving-m 150 "$SERVING_LOG" "$PYTHON" -m scripts.bench --device "$DEVICE" --dtype bfloat16 \
+    --model-dir "$MODELS/m" --systems surge,transformers --concurrency 32 --max-tokens 64 --rounds 1 \
+    --no-plots --no-progress --out "$OUT/serving/bench.md"
+fi
+grep -E "^\| (system|surge|transformers|ceiling)" "$OUT/serving/bench.md" 2>/dev/null | head -8
 
 note "total: $((SECONDS - START)) s"

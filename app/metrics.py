@@ -171,7 +171,8 @@ class ServerCollector(Collector):
         )
         yield gauge(
             "surge_kv_cache_usage_ratio",
-            "Tokens held by running sequences over the KV cache's capacity (max_num_seqs x max_model_len).",
+            "Tokens held by running sequences over the KV cache's capacity (max_num_seqs x max_model_len);"
+            " where surge_kv_cache_max_tokens is set, the tokens they were admitted for over it.",
             core.kv_usage if core is not None else 0.0,
         )
         scheduler = engine.config.scheduler if engine is not None else None
@@ -179,6 +180,12 @@ class ServerCollector(Collector):
             "surge_max_num_seqs",
             "Sequences decoded together: --max-num-seqs, or fewer where the K/V's memory budget holds fewer.",
             scheduler.max_num_seqs if scheduler is not None else 0,
+        )
+        yield gauge(
+            "surge_kv_cache_max_tokens",
+            "Where the K/V's budget counts tokens (the CPU's reserved cache), the tokens running sequences may"
+            " be admitted for (prompt plus max_tokens each); 0 when max_num_seqs x max_model_len bound them.",
+            scheduler.max_kv_tokens if scheduler is not None else 0,
         )
         yield gauge(
             "surge_kv_cache_budget_bytes",

@@ -96,8 +96,9 @@ OPTIONS: tuple[Option, ...] = (
         "kv_cache_memory",
         str,
         "the K/V's memory, slots and prefix cache together: a share of the device's memory (the machine's or"
-        " the cgroup limit's on CPU) that weights and K/V may fill (`90%`), or bytes (`8GiB`); max_num_seqs is"
-        " lowered to what fits at max_model_len, and start-up fails if one sequence does not; `0` = unchecked",
+        " the cgroup limit's on CPU) that weights and K/V may fill (`90%`), or bytes (`8GiB`); on a GPU"
+        " max_num_seqs is lowered to what fits at max_model_len, on the CPU requests are admitted while their"
+        " prompts and max_tokens fit; start-up fails if one sequence does not; `0` = unchecked",
     ),
     Option("served_model_name", str, "model name in the API; empty = the --model value"),
     Option(

@@ -46,6 +46,13 @@ class SchedulerConfig:
     # vLLM's --gpu-memory-utilization; both 0: no budget, the slots sized by the flags alone.
     kv_cache_bytes: int = 0
     kv_cache_share: float = 0.9
+    # Set by the budget, not by a flag (models/kv_budget.py). Where the slot cache commits memory
+    # only as tokens are written (the CPU's) and the budget holds fewer than max_num_seqs
+    # sequences at max_model_len, sequences are admitted by tokens instead: while the running
+    # ones' prompts plus max_tokens (each capped at max_model_len, plus kv_slack_tokens for the
+    # pages they fill only in part) stay within max_kv_tokens. 0: slots alone bound the K/V.
+    max_kv_tokens: int = 0
+    kv_slack_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -60,6 +67,8 @@ class SchedulerConfig:
             raise ValueError("prefix_cache_block_size must be at least 1")
         if self.prefix_cache_bytes < 0 or self.prefix_cache_share < 0:
             raise ValueError("the prefix cache's size must not be negative")
+        if self.max_kv_tokens < 0 or self.kv_slack_tokens < 0:
+            raise ValueError("max_kv_tokens and kv_slack_tokens must not be negative")
         if self.kv_cache_bytes < 0 or not 0 <= self.kv_cache_share <= 1:
             raise ValueError("the K/V's memory must be a size in bytes or a share of the device's memory up to 100%")
         if self.max_num_batched_tokens <= self.max_num_seqs:

@@ -60,6 +60,9 @@ class EchoRunner:
     def release_slots(self, first_slot: int, end_slot: int) -> None:
         """No K/V to release."""
 
+    def release_tail(self, slot: int, first_position: int) -> None:
+        """No K/V to release."""
+
     def kv_block_bytes(self, block_size: int) -> int:
         return 0  # no K/V: no prefix cache
 

@@ -76,7 +76,7 @@ class EngineCore:
             self.runner = EchoRunner(echo_token_ids(loaded.tokenizer), loaded.vocab_size, config.max_num_seqs)
         else:
             self.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len)
-        self._slots = SlotRelease(self.runner, config.max_num_seqs, clock)
+        self._slots = SlotRelease(self.runner, config.max_num_seqs, clock, at_once=config.max_kv_tokens > 0)
         self.sampler = Sampler(loaded.vocab_size, self.runner.device)
         self.grammars = GrammarCompiler(loaded.tokenizer.hf, loaded.vocab_size, loaded.tokenizer.eos_token_ids)
         self._masks = MaskWorker(loaded.vocab_size)
@@ -247,7 +247,7 @@ class EngineCore:
         requests' outputs. A failure fails the plan's requests, not the loop."""
         try:
             self.runner.apply_moves(plan.moves)
-            self._slots.after_moves(plan.num_slots)  # moves read their source slots: release after
+            self._slots.after_moves(plan.moves, self.scheduler.running)  # moves read their sources first
             self.runner.apply_loads(plan.loads)
             if plan.is_empty:
                 return []
@@ -338,7 +338,11 @@ class EngineCore:
                 self.load_stats.record_queue_time(now - chunk.seq.arrival_time)
                 self.observer.on_admitted(now - chunk.seq.arrival_time)
         running = self.scheduler.running
-        self.kv_usage = sum(seq.num_tokens for seq in running) / (self.config.max_num_seqs * self.config.max_model_len)
+        config = self.config
+        if config.max_kv_tokens:  # what bounds admission there: the tokens the running were admitted for
+            self.kv_usage = self.scheduler.num_reserved_tokens / config.max_kv_tokens
+        else:
+            self.kv_usage = sum(seq.num_tokens for seq in running) / (config.max_num_seqs * config.max_model_len)
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
         """Take in new requests and aborts, waiting for the first at most `timeout` seconds when

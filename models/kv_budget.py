@@ -1,8 +1,8 @@
 """The K/V's memory budget: how many sequences of max_model_len tokens the slot cache may hold, and
 what is left for the prefix cache, from the memory still free once the weights are loaded.
 
-The slot cache (models/kv_cache.py) grows by doubling as sequences lengthen, up to
-max_num_seqs x max_model_len tokens: every slot as long as the longest live sequence. A server
+The slot cache (models/kv_cache.py) holds up to max_num_seqs x max_model_len tokens: on a GPU it
+grows by doubling, every slot as long as the longest live sequence. A server
 whose flags ask for more than the machine holds would start, serve short chats, and die (the
 kernel's OOM killer, CUDA's out-of-memory) with every stream it carries the first time enough
 long conversations grew the cache. vLLM sizes its cache at start-up from
@@ -15,15 +15,21 @@ long conversations grew the cache. vLLM sizes its cache at start-up from
 - bytes (`8GiB`): the K/V's budget outright;
 - 0: no budget; the slots are sized by the flags alone, as asked.
 
-The slots come first: max_num_seqs is lowered until its sequences fit at max_model_len (a
-client's context limit stays what the model card says; fewer of them run at once and the rest
-queue), and start-up fails when not even one fits. The prefix cache takes its usual bound
-(--prefix-cache-size) or what the slots leave, whichever is smaller.
+The slots come first: the budget holds some number of sequences at max_model_len (start-up fails
+when not even one fits; a client's context limit stays what the model card says). Where the cache
+is allocated whole (a GPU), max_num_seqs is lowered to that number and the rest queue. Where it
+commits memory only as tokens are written (the CPU's reserved cache), that memory is counted in
+tokens instead: every slot stays, and a sequence is admitted while the running ones' prompts plus
+max_tokens fit (the scheduler's max_kv_tokens), so short requests run many at once in the memory
+a few long ones would take; nothing is preempted, since each is admitted for its whole length. The
+prefix cache takes its usual bound (--prefix-cache-size) or what the slots leave, whichever is
+smaller.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 from dataclasses import dataclass, replace
 
 import torch
@@ -43,6 +49,16 @@ def kv_bytes_per_token(config: PretrainedConfig, dtype: torch.dtype) -> int:
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     return 2 * layers * kv_heads * head_dim * dtype.itemsize
+
+
+def kv_slack_tokens(config: PretrainedConfig, bytes_per_token: int) -> int:
+    """Tokens' worth of memory one sequence may commit beyond its own tokens in a reserved slot
+    cache: each (layer, keys or values, K/V head) row of its slot fills its last page in part,
+    shares its first with the row before, and has a page for the scratch column (3 pages a row)."""
+    text = config.get_text_config()
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    rows = 2 * text.num_hidden_layers * kv_heads
+    return -(-3 * mmap.PAGESIZE * rows // bytes_per_token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +83,13 @@ def kv_budget(config: SchedulerConfig, memory: Memory | None) -> KVBudget | None
     )
 
 
-def fit_kv_budget(config: SchedulerConfig, bytes_per_token: int, budget: KVBudget | None) -> SchedulerConfig:
-    """`config` with max_num_seqs and the prefix cache's bound fitted to `budget`; raises
-    ValueError when not even one sequence of max_model_len tokens fits."""
+def fit_kv_budget(
+    config: SchedulerConfig, bytes_per_token: int, budget: KVBudget | None, slack_tokens: int = 0
+) -> SchedulerConfig:
+    """`config` with its slots (max_num_seqs, or max_kv_tokens) and the prefix cache's bound fitted
+    to `budget`; raises ValueError when not even one sequence of max_model_len tokens fits.
+    `slack_tokens`: for a slot cache that commits memory as tokens are written (kv_slack_tokens);
+    0: one allocated whole, whose slots count at full length."""
     if budget is None or bytes_per_token == 0:  # no budget, or a model without K/V (echo)
         return config
     per_sequence = config.max_model_len * bytes_per_token
@@ -88,7 +108,22 @@ def fit_kv_budget(config: SchedulerConfig, bytes_per_token: int, budget: KVBudge
             f" lower --max-model-len (at most {longest} fits) or raise --kv-cache-memory"
         )
     seqs = min(config.max_num_seqs, fits)
-    if seqs < config.max_num_seqs:
+    slots = seqs * per_sequence
+    tokens = slots // bytes_per_token
+    # By tokens only where a sequence of max_model_len (and its slack) can still be admitted.
+    by_tokens = slack_tokens > 0 and seqs < config.max_num_seqs and tokens >= config.max_model_len + slack_tokens
+    if by_tokens:
+        log.info(
+            "the K/V budget of %s (%s) holds %d tokens, %d sequences at max_model_len %d: all %d slots kept,"
+            " sequences admitted while their prompts and max_tokens fit",
+            format_bytes(budget.bytes),
+            budget.reason,
+            tokens,
+            fits,
+            config.max_model_len,
+            config.max_num_seqs,
+        )
+    elif seqs < config.max_num_seqs:
         log.warning(
             "max_num_seqs lowered from %d to %d: the K/V budget of %s (%s) holds only %d at max_model_len %d"
             " (%s a sequence); lower --max-model-len for more at once",
@@ -100,10 +135,12 @@ def fit_kv_budget(config: SchedulerConfig, bytes_per_token: int, budget: KVBudge
             config.max_model_len,
             format_bytes(per_sequence),
         )
-    slots = seqs * per_sequence
     pool = config.prefix_cache_bytes or int(config.prefix_cache_share * slots)
     left = budget.bytes - slots
-    fitted = replace(config, max_num_seqs=seqs, kv_cache_bytes=budget.bytes)
+    if by_tokens:
+        fitted = replace(config, max_kv_tokens=tokens, kv_slack_tokens=slack_tokens, kv_cache_bytes=budget.bytes)
+    else:
+        fitted = replace(config, max_num_seqs=seqs, kv_cache_bytes=budget.bytes)
     if not config.prefix_caching or pool <= left:
         log.info(
             "K/V budget %s (%s): %d slots of %d tokens",

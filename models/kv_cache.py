@@ -108,10 +108,17 @@ class SlotLayer(CacheLayerMixin):
         for tensor, mapping in zip((self.keys, self.values), self._mappings, strict=False):
             assert tensor is not None
             slot_bytes = tensor.stride(0) * tensor.element_size()
-            start = -(-first * slot_bytes // _PAGE) * _PAGE
-            stop = end * slot_bytes // _PAGE * _PAGE
-            if stop > start:
-                mapping.madvise(mmap.MADV_DONTNEED, start, stop - start)
+            _drop(mapping, first * slot_bytes, end * slot_bytes)
+
+    def release_tail(self, slot: int, first_position: int) -> None:
+        """Hand back the slot's positions from `first_position` on, in each K/V head's row."""
+        for tensor, mapping in zip((self.keys, self.values), self._mappings, strict=False):
+            assert tensor is not None
+            size = tensor.element_size()
+            slot_bytes, row_bytes, position_bytes = (tensor.stride(i) * size for i in range(3))
+            for head in range(tensor.shape[1]):
+                row = slot * slot_bytes + head * row_bytes
+                _drop(mapping, row + first_position * position_bytes, row + row_bytes)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -191,6 +198,12 @@ class SlotCache(Cache):
                 self.max_len,
             )
 
+    def release_tail(self, slot: int, first_position: int) -> None:
+        """The slot's positions from `first_position` on hold nothing its sequence wrote (a
+        sequence moved in shorter than the one before): return their memory where reserved."""
+        for layer in self.slot_layers:
+            layer.release_tail(slot, first_position)
+
     def release(self, first_slot: int, end_slot: int | None = None) -> None:
         """Slots [first_slot, end_slot) hold no sequence: return their memory where the cache is
         reserved (a no-op otherwise). What they held reads as zeros afterwards, except in the
@@ -232,6 +245,20 @@ class SlotCache(Cache):
             index = torch.arange(num_rows, device=device)
             self._row_index[num_rows] = index
         return index
+
+
+def _drop(mapping: mmap.mmap, start: int, stop: int) -> None:
+    """MADV_DONTNEED on the pages wholly inside bytes [start, stop) of the mapping."""
+    start = -(-start // _PAGE) * _PAGE
+    stop = stop // _PAGE * _PAGE
+    if stop > start:
+        mapping.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
+
+def reserves(device: torch.device) -> bool:
+    """Whether a slot cache on `device` is reserved (memory committed as tokens are written)
+    rather than allocated: on the CPU, where an anonymous mapping does that."""
+    return device.type == "cpu"
 
 
 def _reserve(shape: tuple[int, int, int, int], dtype: torch.dtype) -> tuple[torch.Tensor, mmap.mmap] | None:

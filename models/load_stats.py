@@ -23,7 +23,8 @@ class LoadSnapshot:
     queue_time_p90: float  # seconds, over the window; 0 when nothing was admitted
     ttft_p90: float  # seconds from arrival to first token, over the window
     error_rate: float  # errored / finished requests over the window; 0 below MIN_FINISHES_FOR_ERROR_RATE
-    kv_usage: float  # running sequences' tokens / (max_num_seqs * max_model_len)
+    # running sequences' tokens / (max_num_seqs * max_model_len); admitted by tokens: reserved / max_kv_tokens
+    kv_usage: float
     num_waiting_tokens: int  # prompt tokens of waiting requests
 
 

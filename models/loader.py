@@ -24,7 +24,8 @@ from models.cpus import prefill_thread_count
 from models.echo import ECHO_MODEL
 from models.fused_decoder import fuse_projections
 from models.int8_linear import quantize_linears
-from models.kv_budget import fit_kv_budget, kv_budget, kv_bytes_per_token
+from models.kv_budget import fit_kv_budget, kv_budget, kv_bytes_per_token, kv_slack_tokens
+from models.kv_cache import reserves
 from models.memory import device_memory, format_bytes
 from models.packed_linear import pack_linears
 from models.threads import StepThreads, step_threads
@@ -160,7 +161,11 @@ def resolve_engine_config(config: EngineConfig, loaded: LoadedModel) -> EngineCo
     config = resolve_max_model_len(config, loaded)
     scheduler = config.scheduler
     memory = device_memory(loaded.device) if loaded.kv_bytes_per_token else None
-    fitted = fit_kv_budget(scheduler, loaded.kv_bytes_per_token, kv_budget(scheduler, memory))
+    # A reserved slot cache (the CPU's) commits memory per token written: its budget counts tokens.
+    slack = 0
+    if loaded.model is not None and loaded.kv_bytes_per_token and reserves(loaded.device):
+        slack = kv_slack_tokens(loaded.model.config, loaded.kv_bytes_per_token)
+    fitted = fit_kv_budget(scheduler, loaded.kv_bytes_per_token, kv_budget(scheduler, memory), slack)
     return replace(config, scheduler=fitted)
 
 

@@ -27,7 +27,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from models.fused_decoder import FusedDecoder, is_fused
-from models.kv_cache import ChunkRows, SlotCache, StepPlan
+from models.kv_cache import ChunkRows, SlotCache, StepPlan, reserves
 from models.kv_pool import KVPool
 from models.sampling_params import SamplingParams
 from models.scheduler import BlockCopy, PrefillChunk, SlotMove
@@ -51,6 +51,10 @@ class Runner(Protocol):
 
     def release_slots(self, first_slot: int, end_slot: int) -> None:
         """Slots [first_slot, end_slot) are free: their K/V memory may go back to the system."""
+        ...
+
+    def release_tail(self, slot: int, first_position: int) -> None:
+        """The slot's positions from `first_position` on are unused: their memory may go back."""
         ...
 
     def kv_block_bytes(self, block_size: int) -> int:
@@ -85,8 +89,7 @@ class ModelRunner:
         config = model.config.get_text_config()
         # On the CPU the slots are reserved, not allocated: memory follows the tokens written and
         # never grows by copying the whole cache (models/kv_cache.py).
-        reserve = self.device.type == "cpu"
-        self.cache = SlotCache(config.num_hidden_layers, max_num_seqs, max_model_len, reserve=reserve)
+        self.cache = SlotCache(config.num_hidden_layers, max_num_seqs, max_model_len, reserve=reserves(self.device))
         self.max_model_len = max_model_len
         self._mask_min = torch.finfo(self.dtype).min
         self._sliding_window, self._mixed_layers = _sliding_layout(config)
@@ -149,6 +152,11 @@ class ModelRunner:
         """Slots [first_slot, end_slot) hold no sequence and no pending move's source: their K/V
         memory may go back to the system (on the CPU; elsewhere the cache keeps its memory)."""
         self.cache.release(first_slot, end_slot)
+
+    def release_tail(self, slot: int, first_position: int) -> None:
+        """A sequence moved into the slot holds positions [0, first_position) only: the rest,
+        left by the longer one before it, may go back (on the CPU)."""
+        self.cache.release_tail(slot, first_position)
 
     def kv_block_bytes(self, block_size: int) -> int:
         return KVPool.block_bytes(self.cache, block_size)

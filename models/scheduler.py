@@ -99,6 +99,9 @@ class Scheduler:
         self.running: list[Sequence] = []  # running[i].slot == i
         self._pending_moves: list[SlotMove | BlockCopy] = []
         self._num_arrivals = 0
+        # K/V tokens the running sequences may reach, each admitted for its whole length
+        # (config.max_kv_tokens bounds it where the budget counts tokens).
+        self.num_reserved_tokens = 0
         # Set by the engine once it knows the model's K/V size (after warmup); None: no caching.
         self.prefix_cache: PrefixCache | None = None
 
@@ -134,7 +137,9 @@ class Scheduler:
         Every running sequence that has its prompt computed decodes one token. The rest of the
         token budget (max_num_batched_tokens minus the decode rows) goes to prompt chunks:
         first to sequences already part-way through their prompt, oldest first, then to waiting
-        sequences in (priority, fair share, arrival) order while a slot is free. A prompt larger than the
+        sequences in (priority, fair share, arrival) order while a slot is free and, where the
+        K/V budget counts tokens, while the next one's whole length fits (the first that does
+        not fit waits, and those behind it with it). A prompt larger than the
         budget is split across steps, and while there are decode rows no prompt takes more than
         max_prompt_chunk_while_decoding tokens of a step, so running streams keep moving while
         it is computed.
@@ -293,13 +298,28 @@ class Scheduler:
                 if len(deferred) < self.config.max_num_seqs and self._waits_for_prefix(seq):
                     deferred.append(entry)
                     continue
+                reserved = self._reserved_tokens(seq)
+                bound = self.config.max_kv_tokens
+                # Alone, a sequence always runs: a config the budget fitted never needs this, one
+                # built by hand with a bound below max_model_len must not wait for ever.
+                if bound and self.num_reserved_tokens and self.num_reserved_tokens + reserved > bound:
+                    heapq.heappush(self._waiting, entry)  # first in line until the K/V has room
+                    return None
                 del self._waiting_ids[seq.request_id]
                 self.num_waiting_tokens -= seq.num_prompt_tokens
                 self._shares.took(seq.share, tag)
+                self.num_reserved_tokens += reserved
                 return seq
         return None
 
+    def _reserved_tokens(self, seq: Sequence) -> int:
+        """The K/V a sequence may fill: its prompt and max_tokens (never past max_model_len), and
+        the pages it fills only in part."""
+        longest = min(self.config.max_model_len, seq.num_prompt_tokens + seq.params.max_tokens)
+        return longest + self.config.kv_slack_tokens
+
     def _release_slot(self, seq: Sequence) -> None:
+        self.num_reserved_tokens -= self._reserved_tokens(seq)
         hole = seq.slot
         last = self.running.pop()
         if last is not seq:

@@ -11,6 +11,10 @@ sequences wrote until released, and a released slot costs page faults when it is
   interval;
 - idle, after `idle_delay_s` with nothing to run: every slot. A lone client's next request pays
   its own prompt's faults, a few milliseconds against a prefill of the same tokens.
+- `at_once` (where the K/V budget counts tokens, SchedulerConfig.max_kv_tokens): every step, the
+  free slots and, in each slot a shorter sequence moved into, the positions past its length. The
+  memory the slots hold then stays within what the running sequences were admitted for, which
+  the budget promised; it costs a few faults a request.
 
 Pure bookkeeping with an injectable clock; the engine calls it and owns the runner.
 """
@@ -18,9 +22,11 @@ Pure bookkeeping with an injectable clock; the engine calls it and owns the runn
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from models.model_runner import Runner
+from models.scheduler import BlockCopy, SlotMove
+from models.sequence import Sequence as SlotSequence
 
 BUSY_INTERVAL_S = 10.0
 IDLE_DELAY_S = 1.0
@@ -34,19 +40,27 @@ class SlotRelease:
         clock: Callable[[], float] = time.monotonic,
         busy_interval_s: float = BUSY_INTERVAL_S,
         idle_delay_s: float = IDLE_DELAY_S,
+        at_once: bool = False,
     ) -> None:
         self.runner = runner
+        self.at_once = at_once
         self.clock = clock
         self.busy_interval_s = busy_interval_s
         self.idle_delay_s = idle_delay_s
         self._high = num_slots  # slots [0, _high) may hold memory; a fresh cache may have any of them
         self._last = clock()
 
-    def after_moves(self, num_slots: int) -> None:
-        """A step's moves have run and `num_slots` slots hold sequences."""
+    def after_moves(self, moves: Sequence[SlotMove | BlockCopy], running: Sequence[SlotSequence]) -> None:
+        """A step's moves have run; `running[i]` holds slot i (the scheduler's list)."""
+        num_slots = len(running)
+        if self.at_once:
+            # Each slot a sequence was moved into: the positions past its own, left by a longer one.
+            moved_into = {move.dst for move in moves if isinstance(move, SlotMove) and move.dst < num_slots}
+            for slot in sorted(moved_into):
+                self.runner.release_tail(slot, running[slot].num_computed_tokens)
         if num_slots >= self._high:
             self._high = num_slots
-        elif self.clock() - self._last >= self.busy_interval_s:
+        elif self.at_once or self.clock() - self._last >= self.busy_interval_s:
             self._release(num_slots)
 
     def idle_wait(self) -> float | None:

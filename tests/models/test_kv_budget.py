@@ -18,7 +18,7 @@ import torch
 from transformers import AutoConfig
 
 from models.config import SchedulerConfig
-from models.kv_budget import KVBudget, fit_kv_budget, kv_budget, kv_bytes_per_token
+from models.kv_budget import KVBudget, fit_kv_budget, kv_budget, kv_bytes_per_token, kv_slack_tokens
 from models.memory import Memory
 from scripts.harness.ports import free_port
 from tests.app.test_metrics import Scrape
@@ -68,6 +68,29 @@ def test_max_num_seqs_comes_down_to_what_fits_and_the_pool_takes_the_rest() -> N
     assert fitted.prefix_cache_bytes == MIB // 2 and fitted.prefix_caching
 
 
+def test_a_reserved_cache_keeps_every_slot_and_counts_the_budget_in_tokens() -> None:
+    # The CPU's cache commits memory per token written: the 5 sequences' worth becomes a bound
+    # of 5 x 256 tokens across all 32 slots, with the same memory left for the prefix cache.
+    fitted = fit_kv_budget(_config(), TOKEN, KVBudget(5 * MIB + MIB // 2, "test"), slack_tokens=9)
+    assert fitted.max_num_seqs == 32 and fitted.max_kv_tokens == 5 * 256 and fitted.kv_slack_tokens == 9
+    assert fitted.prefix_cache_bytes == MIB // 2
+    # Every slot fits at full length: no token bound at all.
+    roomy = fit_kv_budget(_config(), TOKEN, KVBudget(64 * MIB, "test"), slack_tokens=9)
+    assert roomy.max_num_seqs == 32 and roomy.max_kv_tokens == 0
+    # One sequence and its slack would not fit in the tokens: a slot of max_model_len instead.
+    tight = fit_kv_budget(_config(), TOKEN, KVBudget(MIB + MIB // 2, "test"), slack_tokens=9)
+    assert tight.max_num_seqs == 1 and tight.max_kv_tokens == 0
+
+
+def test_the_slack_is_three_pages_a_row_of_each_sequence() -> None:
+    config = AutoConfig.for_model(
+        "llama", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=128
+    )
+    per_token = kv_bytes_per_token(config, torch.float32)  # 2 layers x 2 x 2 heads x 32 x 4 = 1 KiB
+    rows = 2 * 2 * 2
+    assert per_token == 1024 and kv_slack_tokens(config, per_token) == 3 * 4096 * rows // per_token == 96
+
+
 def test_an_explicit_pool_bound_is_kept_when_it_fits() -> None:
     fitted = fit_kv_budget(_config(prefix_cache_bytes=3 * MIB), TOKEN, KVBudget(40 * MIB, "test"))
     assert (fitted.max_num_seqs, fitted.prefix_cache_bytes) == (32, 3 * MIB)
@@ -93,20 +116,31 @@ def _token_bytes(model_dir: Path) -> int:
     return kv_bytes_per_token(AutoConfig.from_pretrained(model_dir), torch.float32)
 
 
-async def test_a_served_model_runs_no_more_sequences_than_its_budget_holds(tiny_model_dir: Path) -> None:
-    # Two and a half sequences of 256 tokens: two slots, half a sequence's worth for the prefix
-    # cache. The engine in its own process, as `surge serve` runs it: the fitted config must
-    # reach the HTTP side.
-    sequence = 256 * _token_bytes(tiny_model_dir)
+async def test_a_served_model_admits_what_its_token_budget_holds(tiny_model_dir: Path) -> None:
+    # Two and a half sequences of 256 tokens: on the CPU two sequences' worth of tokens for the
+    # slots (every slot kept), half a sequence's for the prefix cache. The engine in its own
+    # process, as `surge serve` runs it: the fitted config must reach the HTTP side.
+    per_token = _token_bytes(tiny_model_dir)
+    sequence = 256 * per_token
     budget = sequence * 5 // 2
     settings = {"engine_mode": "process", "max_model_len": 256, "kv_cache_memory": str(budget)}
+    slack = kv_slack_tokens(AutoConfig.from_pretrained(tiny_model_dir), per_token)
     with running_server(tiny_model_dir, **settings) as live:
-        assert live.engine.config.scheduler.max_num_seqs == 2
+        scheduler = live.engine.config.scheduler
+        assert scheduler.max_num_seqs == SchedulerConfig().max_num_seqs and scheduler.max_kv_tokens == 512
         scrape = Scrape(live)
-        assert scrape.value("surge_max_num_seqs") == 2
+        assert scrape.value("surge_max_num_seqs") == scheduler.max_num_seqs
+        assert scrape.value("surge_kv_cache_max_tokens") == 512
         assert scrape.value("surge_kv_cache_budget_bytes") == budget
         assert 0 < scrape.value("surge_prefix_cache_capacity_bytes") <= sequence // 2
         client = openai.AsyncOpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
+        prompt = [{"role": "user", "content": "tell me about the sea"}]
+        reply = await client.chat.completions.create(model=MODEL_NAME, messages=prompt, max_tokens=1)  # type: ignore[arg-type]
+        assert reply.usage is not None
+        # Each stream is admitted for its prompt, 40 tokens and the slack: as many as fit in 512.
+        each = reply.usage.prompt_tokens + 40 + slack
+        fits = 512 // each
+        assert 2 <= fits < 5, (each, fits)  # more than the 2 slots of max_model_len, fewer than the streams
         running: list[float] = []
         done = asyncio.Event()
 
@@ -121,13 +155,13 @@ async def test_a_served_model_runs_no_more_sequences_than_its_budget_holds(tiny_
                     )
                     await asyncio.sleep(0.01)
 
-        async def one(i: int) -> str | None:
+        async def one() -> str | None:
             stream = await client.chat.completions.create(
                 model=MODEL_NAME,
-                messages=[{"role": "user", "content": f"stream {i}: tell me about the sea"}],
-                max_tokens=80,
+                messages=prompt,  # type: ignore[arg-type]
+                max_tokens=40,
                 stream=True,
-                extra_body={"ignore_eos": True},
+                extra_body={"ignore_eos": True, "temperature": 1.0},  # not deduplicated: five generations
             )
             reason = None
             async for chunk in stream:
@@ -137,12 +171,12 @@ async def test_a_served_model_runs_no_more_sequences_than_its_budget_holds(tiny_
 
         watcher = asyncio.create_task(watch())
         started = time.monotonic()
-        reasons = await asyncio.gather(*(one(i) for i in range(5)))
+        reasons = await asyncio.gather(*(one() for _ in range(5)))
         done.set()
         await watcher
         await client.close()
     assert reasons == ["length"] * 5, f"after {time.monotonic() - started:.1f} s"
-    assert max(running) == 2  # the slots were full, and never more than the budget's two
+    assert max(running) == fits  # the token budget was full, and never more
 
 
 def test_start_up_fails_naming_the_longest_context_that_fits(tiny_model_dir: Path) -> None:

@@ -84,3 +84,21 @@ def test_an_unreserved_cache_grows_by_doubling_and_release_keeps_its_data() -> N
     assert bool((layer.keys[:, :, :8] == 1.0).all())  # what was there is copied across
     cache.release(0)  # a no-op: allocator memory is not handed back piecemeal
     assert bool((layer.keys[:, :, :8] == 1.0).all())
+
+
+def test_release_tail_drops_a_slots_positions_past_a_length_in_every_head() -> None:
+    cache, layer = reserved_layer()
+    assert layer.keys is not None and layer.values is not None
+    layer.keys.fill_(1.0)
+    layer.values.fill_(1.0)
+    before = committed(layer.keys, layer.values)
+    cache.release_tail(5, 1000)  # a sequence of 1,000 tokens moved into slot 5
+    freed = before - committed(layer.keys, layer.values)
+    tail = HEADS * (MAX_LEN + 1 - 1000) * DIM * 4  # each head's positions 1,000 on, keys and values
+    assert 2 * tail - 2 * HEADS * 2 * 4096 <= freed <= 2 * tail
+    for tensor in (layer.keys, layer.values):
+        assert bool((tensor[5, :, :1000] == 1.0).all())  # what the sequence holds stays
+        # The rest reads as zeros: whole pages only, so from the next page on, up to the page a
+        # row shares with the next head's.
+        assert not bool(tensor[5, :, 1016 : MAX_LEN - 16].any())
+        assert bool((tensor[4] == 1.0).all()) and bool((tensor[6] == 1.0).all())

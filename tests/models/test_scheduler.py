@@ -127,6 +127,41 @@ def test_admits_up_to_max_num_seqs_and_the_rest_wait() -> None:
     _assert_compact(scheduler)
 
 
+def test_a_token_budget_admits_while_whole_lengths_fit_and_the_first_that_does_not_waits() -> None:
+    # 100 tokens of K/V: each sequence is admitted for its prompt, max_tokens and 5 tokens of slack.
+    config = SchedulerConfig(
+        max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256, max_kv_tokens=100, kv_slack_tokens=5
+    )
+    scheduler = Scheduler(config, eos_token_ids=[EOS])
+    for name, max_tokens in (("a", 20), ("b", 20), ("c", 40), ("d", 2), ("e", 300)):
+        scheduler.add(_seq(name, max_tokens=max_tokens, ignore_eos=True))
+    _engine_step(scheduler)
+    # a and b: 29 tokens each; c (49) would make 107: c waits, and d (11) behind it with it.
+    assert [seq.request_id for seq in scheduler.running] == ["a", "b"]
+    assert scheduler.num_reserved_tokens == 58 and scheduler.num_waiting == 3
+    scheduler.abort("a")
+    _engine_step(scheduler)
+    assert [seq.request_id for seq in scheduler.running] == ["b", "c", "d"]  # 29 + 49 + 11 = 89
+    assert scheduler.num_reserved_tokens == 89
+    # e is capped at max_model_len (256 + 5), more than the whole budget, which a fitted config
+    # never allows: rather than wait for ever it runs once it would run alone.
+    seen = set()
+    while scheduler.has_work:
+        _engine_step(scheduler)
+        names = [seq.request_id for seq in scheduler.running]
+        seen.update(names)
+        assert scheduler.num_reserved_tokens <= 100 or names == ["e"]
+    assert "e" in seen and scheduler.num_reserved_tokens == 0
+
+
+def test_without_a_token_budget_only_slots_bound_admission() -> None:
+    scheduler = _scheduler(max_num_seqs=3)
+    for name in "abcd":
+        scheduler.add(_seq(name, max_tokens=200))
+    _engine_step(scheduler)
+    assert scheduler.num_running == 3 and scheduler.num_reserved_tokens == 3 * 204
+
+
 def test_waiting_sequence_takes_the_slot_a_finished_one_frees() -> None:
     scheduler = _scheduler(max_num_seqs=2)
     a, b, c = _seq("a"), _seq("b"), _seq("c")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import platform
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -35,10 +36,15 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 log = logging.getLogger("surge.engine")
 
-# Linux's flag (x86 and arm alike; Python's mmap module lacks the name before 3.13): no swap
-# space is accounted for the reservation, so the overcommit heuristic does not refuse a mapping
-# larger than memory that will never be filled. Under strict overcommit it is ignored.
-_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
+# Linux's flag (Python's mmap module lacks the name before 3.13): no swap space is accounted for
+# the reservation, so the overcommit heuristic does not refuse a mapping larger than memory that
+# will never be filled. Under strict overcommit it is ignored. Its value is 0x4000 on x86 and arm
+# only (powerpc, sparc and mips number it otherwise): elsewhere none, and a refused mapping falls
+# back to a cache allocated whole.
+_NORESERVE_ARCHES = ("x86_64", "amd64", "i386", "i686", "aarch64", "arm64", "armv7l")
+_MAP_NORESERVE = getattr(
+    mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" and platform.machine().lower() in _NORESERVE_ARCHES else 0
+)
 _PAGE = mmap.PAGESIZE
 
 

@@ -4,6 +4,9 @@ again) without touching a neighbour's row. Memory is read from the mappings' own
 
 from __future__ import annotations
 
+import mmap
+
+import pytest
 import torch
 
 from models.kv_cache import SlotCache, SlotLayer
@@ -102,3 +105,24 @@ def test_release_tail_drops_a_slots_positions_past_a_length_in_every_head() -> N
         # row shares with the next head's.
         assert not bool(tensor[5, :, 1016 : MAX_LEN - 16].any())
         assert bool((tensor[4] == 1.0).all()) and bool((tensor[6] == 1.0).all())
+
+
+def test_where_the_kernel_refuses_the_mapping_the_cache_is_allocated_whole(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Strict overcommit (vm.overcommit_memory=2) refuses a reservation past the commit limit.
+    def refuse(*args: object, **kwargs: object) -> mmap.mmap:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    cache = SlotCache(num_layers=2, num_slots=2, max_len=64, reserve=True)
+    sample = torch.zeros(1, HEADS, 1, DIM)
+    with caplog.at_level("WARNING", logger="surge.engine"):
+        for layer in cache.slot_layers:
+            layer.lazy_initialization(sample, sample)
+    warnings = [r.message for r in caplog.records if "refused to map 2 slots x 64 positions" in r.message]
+    assert len(warnings) == 1  # once for the cache, not per layer
+    for layer in cache.slot_layers:
+        assert layer.keys is not None and layer.keys.shape == (2, HEADS, 65, DIM) and not bool(layer.keys.any())
+    cache.release(0)  # a no-op on allocated memory
+    cache.release_tail(0, 3)

@@ -64,8 +64,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "quantization",
         str,
-        "`int8`: linear layers with 8-bit weights and per-token 8-bit activations (7 on x86 without VNNI;"
-        " CPU only): a quarter of their memory, faster where matmuls dominate; `none`: the weights as loaded",
+        "`int8` (CPU only): linear layers with 8-bit weights and activations, a scale per block of 32"
+        " (surge's kernel, x86 with AVX-512 VNNI; elsewhere oneDNN's, per channel and per token):"
+        " under a third of their memory, faster where matmuls dominate; `none`: the weights as loaded",
         choices=QUANTIZATIONS,
     ),
     Option("max_num_seqs", int, "sequences decoded together; each holds one KV-cache slot"),

@@ -100,8 +100,9 @@ class ModelConfig:
     # 5xx from the hub), with exponential backoff between them; an error that retrying cannot
     # change (no such repository, gated, offline mode) fails at once.
     download_attempts: int = 5
-    # "int8": the linear layers' weights in 8 bits, activations quantized per token at each call
-    # (models/int8_linear.py; CPU only). "none": the weights as loaded, in `dtype`.
+    # "int8": the linear layers' weights in 8 bits, activations quantized at each call, a scale per
+    # block of 32 where surge's kernel runs, else per channel and per token (models/int8_linear.py;
+    # CPU only). "none": the weights as loaded, in `dtype`.
     quantization: str = "none"
 
     def __post_init__(self) -> None:

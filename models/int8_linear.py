@@ -29,6 +29,8 @@ import logging
 import torch
 from torch import nn
 
+from models import block_kernel
+from models.block_int8_linear import BlockInt8Linear
 from models.linear_swap import cpu_linears, swap_linears
 from models.row_buckets import pad_rows
 
@@ -84,19 +86,32 @@ def activation_qmax() -> int:
 
 
 def quantize_linears(model: nn.Module, rows_hint: int) -> int:
-    """Swap every `nn.Linear` of a CPU model for an Int8Linear (a layer under two names is
-    quantized once); returns how many. Raises ValueError where this torch build or CPU cannot run
-    the int8 ops."""
+    """Swap every `nn.Linear` of a CPU model for an 8-bit one (a layer under two names is quantized
+    once); returns how many. Blocks of 32 (models/block_int8_linear.py) where surge's kernel runs
+    here, else oneDNN's per-channel kernel, with a WARNING saying why: that grid loses about twice
+    as much (docs/bench/llama-server.md). Raises ValueError where neither can run."""
+    sites = cpu_linears(model)
+    try:
+        kernel = block_kernel.load()
+    except (block_kernel.KernelUnavailable, OSError) as exc:
+        log.warning("quantization int8: per output channel through oneDNN, not blocks of 32 (%s)", exc)
+    else:
+        count = swap_linears(sites, lambda linear: BlockInt8Linear(linear, kernel))
+        if count:
+            log.info("linear layers: int8 in blocks of 32, surge's kernel (%d layers, %s)", count, kernel.path.name)
+        else:
+            log.warning("quantization int8: the model has no nn.Linear layers to quantize (GPT-2's are Conv1D)")
+        return count
     if not hasattr(torch.ops.onednn, "qlinear_pointwise") or not torch.backends.mkldnn.is_available():
         raise ValueError("quantization int8: this torch build has no oneDNN int8 linear")
     try:
         qmax = activation_qmax()
     except RuntimeError as exc:
         raise ValueError(f"quantization int8: oneDNN's int8 linear fails on this CPU ({exc})") from exc
-    count = swap_linears(cpu_linears(model), lambda linear: Int8Linear(linear, qmax, rows_hint))
+    count = swap_linears(sites, lambda linear: Int8Linear(linear, qmax, rows_hint))
     if not count:
         log.warning("quantization int8: the model has no nn.Linear layers to quantize (GPT-2's are Conv1D)")
     else:
         bits = 8 if qmax == WEIGHT_QMAX else 7
-        log.info("linear layers: int8 (%d layers, activations per token in %d bits)", count, bits)
+        log.info("linear layers: int8 per channel, oneDNN (%d layers, activations per token in %d bits)", count, bits)
     return count

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from models.block_int8_linear import BlockInt8Linear
 from models.config import ModelConfig
 from models.cpus import available_cpus
 from models.int8_linear import Int8Linear
@@ -84,8 +85,10 @@ def weight_bytes(model: nn.Module) -> int:
             total += module.packed.numel() * module.packed.element_size() + module.weight_scale.numel() * 4
         elif isinstance(module, PackedLinear):
             total += module.packed.numel() * module.packed.element_size()
+        elif isinstance(module, BlockInt8Linear):
+            total += sum(t.numel() * t.element_size() for t in (module.codes, module.scales))
         bias = getattr(module, "bias", None)
-        if isinstance(module, (Int8Linear, PackedLinear)) and bias is not None:
+        if isinstance(module, (Int8Linear, PackedLinear, BlockInt8Linear)) and bias is not None:
             total += bias.numel() * bias.element_size()
     return total
 

@@ -1,9 +1,11 @@
-"""8-bit linear layers (`--quantization int8`): exact integer sums, per-row activation scales, a
-quantized model that still answers, and a clear refusal off the CPU."""
+"""8-bit linear layers (`--quantization int8`): oneDNN's per-channel kernel (exact integer sums,
+per-row activation scales), the choice between it and surge's block kernel, a quantized model
+that still answers, and a clear refusal off the CPU."""
 
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 
 import openai
@@ -12,6 +14,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from models import block_kernel
+from models.block_int8_linear import BlockInt8Linear
 from models.config import ModelConfig
 from models.int8_linear import WEIGHT_QMAX, Int8Linear, activation_qmax, quantize_linears
 from tests.live_server import MODEL_NAME, running_server
@@ -70,8 +74,24 @@ def test_a_bfloat16_input_comes_back_bfloat16() -> None:
     assert ((got.float() - linear(x.float())).norm() / linear(x.float()).norm()) < 0.05
 
 
+def _expected_layer() -> type[nn.Module]:
+    """What `quantize_linears` must pick here: blocks of 32 where surge's kernel runs."""
+    try:
+        block_kernel.load()
+    except block_kernel.KernelUnavailable:
+        return Int8Linear
+    return BlockInt8Linear
+
+
+def _bytes(layer: nn.Module) -> int:
+    if isinstance(layer, Int8Linear):
+        return layer.weight_scale.numel() * 4 + layer.packed.numel()
+    assert isinstance(layer, BlockInt8Linear)
+    return layer.scales.numel() * 4 + layer.codes.numel()
+
+
 @torch.inference_mode()
-def test_a_quantized_model_stays_close_to_float32_and_holds_a_quarter_of_the_bytes(tiny_model_dir: Path) -> None:
+def test_a_quantized_model_stays_close_to_float32_and_holds_under_a_third_of_the_bytes(tiny_model_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     quantized = copy.deepcopy(model)
     linears = [m for m in model.modules() if type(m) is nn.Linear]
@@ -83,9 +103,24 @@ def test_a_quantized_model_stays_close_to_float32_and_holds_a_quarter_of_the_byt
     assert kl < 0.01, kl
     assert (want.argmax(-1) == got.argmax(-1)).float().mean() > 0.8
     float_bytes = sum(m.weight.numel() * 4 for m in {id(m): m for m in linears}.values())
-    int8_layers = [m for m in quantized.modules() if type(m) is Int8Linear]
-    int8_bytes = sum(m.weight_scale.numel() * 4 + m.packed.numel() for m in int8_layers)
-    assert int8_bytes < 0.3 * float_bytes
+    layers = [m for m in quantized.modules() if type(m) is _expected_layer()]
+    assert len(layers) == len({id(m) for m in linears})
+    assert sum(_bytes(m) for m in layers) < 0.3 * float_bytes
+
+
+def test_without_the_block_kernel_int8_falls_back_to_onednn_and_says_why(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def unavailable() -> block_kernel.BlockKernel:
+        raise block_kernel.KernelUnavailable("no C compiler ('cc' not found) to build surge's int8 block kernel")
+
+    monkeypatch.setattr(block_kernel, "load", unavailable)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with caplog.at_level(logging.WARNING, logger="surge.engine"):
+        count = quantize_linears(model, rows_hint=4)
+    assert count > 0 and all(type(m) is not nn.Linear for m in model.modules())
+    assert any(type(m) is Int8Linear for m in model.modules())
+    assert "per output channel through oneDNN" in caplog.text and "no C compiler" in caplog.text
 
 
 def test_int8_off_the_cpu_is_refused_before_loading() -> None:
@@ -98,7 +133,7 @@ def test_int8_off_the_cpu_is_refused_before_loading() -> None:
 def test_an_int8_server_answers_the_openai_sdk(tiny_model_dir: Path) -> None:
     with running_server(tiny_model_dir, quantization="int8", max_num_seqs=4) as live:
         assert live.engine.core.runner.model is not None
-        assert any(type(m) is Int8Linear for m in live.engine.core.runner.model.modules())
+        assert any(type(m) is _expected_layer() for m in live.engine.core.runner.model.modules())
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="k", max_retries=0)
         reply = client.chat.completions.create(
             model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0

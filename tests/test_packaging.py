@@ -1,4 +1,5 @@
-"""The wheel a plain `pip install .` builds (the Docker image's install) carries every package."""
+"""The wheel a plain `pip install .` builds (the Docker image's install) carries every package, and
+the C source of the int8 block kernel."""
 
 from __future__ import annotations
 
@@ -29,3 +30,5 @@ def test_the_wheel_carries_every_subpackage(tmp_path: Path) -> None:
     packages = [init.relative_to(ROOT).as_posix() for top in PACKAGES for init in (ROOT / top).rglob("__init__.py")]
     assert "app/routes/__init__.py" in packages  # the check covers subpackages
     assert [p for p in packages if p not in names] == []
+    # Not a package: the int8 block kernel's C source, which models/block_kernel.py compiles.
+    assert "models/kernels/q8_blocks.c" in names

@@ -169,3 +169,21 @@ def test_the_library_is_built_once_per_source_and_refused_without_a_compiler(
     with pytest.raises(block_kernel.KernelUnavailable, match="broken on purpose"):
         block_kernel.build(tmp_path / "other" / "lib.so")
     assert not list((tmp_path / "other").iterdir())  # no half-written library left behind
+
+
+def test_a_library_built_into_the_package_is_found_before_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Docker image builds the library next to the source (`python -m models.block_kernel`)
+    # and its runtime stage has no compiler: that library must be the one loaded.
+    source = tmp_path / "pkg" / "kernels" / "q8_blocks.c"
+    source.parent.mkdir(parents=True)
+    source.write_text(block_kernel.SOURCE.read_text())
+    monkeypatch.setattr(block_kernel, "SOURCE", source)
+    monkeypatch.setenv("SURGE_KERNEL_CACHE", str(tmp_path / "cache"))
+    block_kernel.main()
+    packaged = source.parent / block_kernel.library_name()
+    assert packaged.is_file()
+    monkeypatch.setenv("CC", "surge-no-such-compiler")
+    assert block_kernel.find_or_build() == packaged
+    assert not (tmp_path / "cache").exists()

@@ -53,6 +53,9 @@ class BlockKernel:
     library: ctypes.CDLL
     path: Path
 
+    def __deepcopy__(self, memo: dict[int, object]) -> BlockKernel:
+        return self  # one library per process: a copied model's layers share it
+
     def linear(self, *args: int) -> None:
         """q8b_linear(x, m, k, kp, weight_codes, weight_scales, n, bias, out, codes,
         activation_scales, activation_shifts, threads): pointers and ints, as the C source documents."""

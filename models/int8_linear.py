@@ -25,6 +25,7 @@ float32 behind the operator's back.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -90,28 +91,30 @@ def quantize_linears(model: nn.Module, rows_hint: int) -> int:
     once); returns how many. Blocks of 32 (models/block_int8_linear.py) where surge's kernel runs
     here, else oneDNN's per-channel kernel, with a WARNING saying why: that grid loses about twice
     as much (docs/bench/llama-server.md). Raises ValueError where neither can run."""
-    sites = cpu_linears(model)
+    build, kind = _layer_builder(rows_hint)
+    count = swap_linears(cpu_linears(model), build)
+    if not count:
+        log.warning("quantization int8: the model has no nn.Linear layers to quantize (GPT-2's are Conv1D)")
+    else:
+        log.info("linear layers: int8 %s (%d layers)", kind, count)
+    return count
+
+
+def _layer_builder(rows_hint: int) -> tuple[Callable[[nn.Linear], nn.Module], str]:
+    """What builds each 8-bit layer here, and how the log names it."""
     try:
         kernel = block_kernel.load()
     except (block_kernel.KernelUnavailable, OSError) as exc:
         log.warning("quantization int8: per output channel through oneDNN, not blocks of 32 (%s)", exc)
     else:
-        count = swap_linears(sites, lambda linear: BlockInt8Linear(linear, kernel))
-        if count:
-            log.info("linear layers: int8 in blocks of 32, surge's kernel (%d layers, %s)", count, kernel.path.name)
-        else:
-            log.warning("quantization int8: the model has no nn.Linear layers to quantize (GPT-2's are Conv1D)")
-        return count
+        return (lambda linear: BlockInt8Linear(linear, kernel)), f"in blocks of 32, surge's kernel {kernel.path.name}"
     if not hasattr(torch.ops.onednn, "qlinear_pointwise") or not torch.backends.mkldnn.is_available():
         raise ValueError("quantization int8: this torch build has no oneDNN int8 linear")
     try:
         qmax = activation_qmax()
     except RuntimeError as exc:
         raise ValueError(f"quantization int8: oneDNN's int8 linear fails on this CPU ({exc})") from exc
-    count = swap_linears(sites, lambda linear: Int8Linear(linear, qmax, rows_hint))
-    if not count:
-        log.warning("quantization int8: the model has no nn.Linear layers to quantize (GPT-2's are Conv1D)")
-    else:
-        bits = 8 if qmax == WEIGHT_QMAX else 7
-        log.info("linear layers: int8 per channel, oneDNN (%d layers, activations per token in %d bits)", count, bits)
-    return count
+    bits = 8 if qmax == WEIGHT_QMAX else 7
+    return (
+        lambda linear: Int8Linear(linear, qmax, rows_hint)
+    ), f"per channel, oneDNN, activations per token in {bits} bits"

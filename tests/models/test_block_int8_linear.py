@@ -144,6 +144,8 @@ def test_a_block_model_loses_less_than_a_per_channel_one(tiny_model_dir: Path) -
         return float((want.exp() * (want - got)).sum(-1).mean())
 
     assert kld(blocks) < kld(channels)
+    copied = copy.deepcopy(blocks)  # a quantized model copies (the library is shared, not copied)
+    torch.testing.assert_close(copied(ids).logits, blocks(ids).logits, rtol=0, atol=0)
     linears = {id(m): m for m in model.modules() if type(m) is nn.Linear}.values()
     float_bytes = sum(m.weight.numel() * 4 for m in linears)
     layers = [m for m in blocks.modules() if type(m) is BlockInt8Linear]

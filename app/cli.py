@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import sys
 from collections.abc import Sequence
@@ -14,6 +15,9 @@ from models.cpus import bound_onednn_caches
 
 def main(argv: Sequence[str] | None = None) -> int:
     bound_onednn_caches()  # before anything imports torch; the engine's process inherits it
+    # A native crash (a segfault in a library) leaves every thread's Python stack on stderr, so
+    # the log says why the process died; the engine's process turns it on for itself too.
+    faulthandler.enable()
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["loadtest"]:
         # NOTE: the load tester is a client tool, not part of the server: it lives in scripts/.

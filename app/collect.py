@@ -15,7 +15,7 @@ from typing import TypeVar
 from fastapi import Request
 
 from app.state import RETRY_AFTER_SECONDS
-from middleware.errors import server_error, service_unavailable
+from middleware.errors import invalid_request, server_error, service_unavailable
 from models.outputs import OutputSource, RequestOutput, TokenLogprob
 from models.sequence import FinishReason
 
@@ -54,6 +54,8 @@ def raise_if_failed(output: RequestOutput) -> None:
         return
     if output.finish_reason is FinishReason.REJECTED:  # dropped unrun: retrying later can work
         raise service_unavailable(f"The server is overloaded: {output.error}.", RETRY_AFTER_SECONDS)
+    if output.finish_reason is FinishReason.INVALID:  # the request's own input: a 400, not our error
+        raise invalid_request(f"{output.error[:1].upper()}{output.error[1:]}.")
     raise server_error(f"The server had an error while generating: {output.error}")
 
 

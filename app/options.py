@@ -108,6 +108,14 @@ OPTIONS: tuple[Option, ...] = (
         "the tool-call format of the model's replies; `auto` = the one its chat template writes",
         choices=("auto", "hermes", "llama3_json", "mistral"),
     ),
+    Option(
+        "json_schema_objects",
+        str,
+        "objects of a response_format or tool-parameters schema that declare `properties` and say nothing of"
+        " `additionalProperties`: `closed` = only the declared ones (OpenAI strict mode's and vLLM's reading;"
+        " a grammar that may invent keys lets a model wander in one), `open` = JSON Schema's default",
+        choices=("closed", "open"),
+    ),
     Option("chat_template", str, "a Jinja chat template file used instead of the model's own; empty = the model's"),
     Option("api_key", str, "accepted Bearer key (repeatable); none = no auth", multiple=True),
     Option("metrics_key", str, "Bearer key GET /metrics requires; empty = /metrics open (health and ready stay open)"),

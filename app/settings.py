@@ -50,6 +50,7 @@ class Settings:
     kv_cache_memory: str = f"{_SCHEDULER.kv_cache_share:.0%}"
     served_model_name: str = ""
     tool_call_parser: str = "auto"
+    json_schema_objects: str = "closed"
     chat_template: str = ""
     api_key: tuple[str, ...] = ()
     auth_failures_per_minute: int = 30
@@ -155,6 +156,8 @@ class Settings:
             raise ValueError("auth_failures_per_minute must be 0 (off) or positive")
         if self.dedup_scope not in DEDUP_SCOPES:
             raise ValueError(f"dedup_scope must be one of {', '.join(DEDUP_SCOPES)}")
+        if self.json_schema_objects not in ("closed", "open"):
+            raise ValueError("json_schema_objects must be closed or open")
         if self.prefix_caching not in ("on", "off"):
             raise ValueError("prefix_caching must be on or off")
         cache_bytes, cache_share = parse_size(self.prefix_cache_size)

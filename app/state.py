@@ -10,6 +10,7 @@ from typing import TypeVar
 from fastapi import Request
 
 from app.request_budget import MAX_BODY_BYTES, RequestBudget
+from app.response_format import Constraints
 from app.settings import Settings
 from app.tools.formats import FORMATS, ToolFormat
 from middleware.admission.admission import Admission
@@ -23,6 +24,7 @@ from middleware.rate_limit.concurrency import ConcurrencyCounts
 from middleware.rate_limit.limits import RateLimitCounts
 from middleware.redis import RedisBackend
 from models.async_engine import AsyncEngine
+from models.grammar import GrammarCompiler
 
 B = TypeVar("B")
 
@@ -80,6 +82,11 @@ class ServerState:
         if self.engine is None:
             return MAX_BODY_BYTES
         return RequestBudget.of(self.settings, self.engine.config.scheduler.max_model_len).body_bytes
+
+    def constraints(self, request: Request, compiler: GrammarCompiler) -> Constraints:
+        """What the request's grammars are built and checked with (app/response_format.py)."""
+        closed = self.settings.json_schema_objects == "closed"
+        return Constraints.of(request, compiler, closed, self.constrained_requests)
 
     def not_ready_error(self) -> OpenAIError:
         if self.is_shutting_down:

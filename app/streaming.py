@@ -14,6 +14,7 @@ from typing import Protocol
 from app.schemas import Usage, cached_tokens
 from app.sse import DONE, KEEPALIVE, LastEvents, error_event, event
 from models.outputs import OutputSource, RequestOutput
+from models.sequence import FinishReason
 
 
 class ChunkRenderer(Protocol):
@@ -52,7 +53,8 @@ async def stream_events(
             opening = b""
             for out in outputs:
                 if out.error is not None:
-                    yield LastEvents(b"".join(parts) + error_event(out.error) + DONE)
+                    kind = "invalid_request_error" if out.finish_reason is FinishReason.INVALID else "server_error"
+                    yield LastEvents(b"".join(parts) + error_event(out.error, kind) + DONE)
                     return
                 num_completion_tokens += len(out.token_ids)
                 index = source.index[out.request_id]

@@ -54,13 +54,17 @@ class Generation:
 
     @property
     def share(self) -> str:
-        """Whose share of the engine's queue the request takes (its sequences interleave with other
-        shares' within a priority level): its API key, else its client's address."""
-        api_key: str | None = self.scope.get("state", {}).get("api_key")
-        if api_key is not None:
-            return "key:" + api_key
-        client = self.scope.get("client")
-        return "addr:" + (str(client[0]) if client else "")
+        return share_of(self.scope)
+
+
+def share_of(scope: Scope) -> str:
+    """Whose share of the engine's queue a request takes (its sequences interleave with other
+    shares' within a priority level): its API key, else its client's address."""
+    api_key: str | None = scope.get("state", {}).get("api_key")
+    if api_key is not None:
+        return "key:" + api_key
+    client = scope.get("client")
+    return "addr:" + (str(client[0]) if client else "")
 
 
 Handler = Callable[[Generation], Awaitable[OutputSource]]

@@ -176,12 +176,15 @@ class AsyncEngine:
         config: EngineConfig,
         groups: dict[str, RequestGroup],
         observer: EngineObserver = NULL_OBSERVER,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
+        """`grammars`: the engine's own compiler when it runs in this process (a grammar checked
+        here is then compiled once, and found compiled when submitted)."""
         self.core = core
         self.tokenizer = tokenizer
-        # The server's side of grammars: checks a request's grammar before it is submitted (the
-        # engine compiles its own copy where it runs). Its compile times are the ones observed.
-        self.grammars = GrammarCompiler(
+        # The server's side of grammars: checks a request's grammar before it is submitted (an
+        # engine in its own process compiles its own copy). Its compile times are the ones observed.
+        self.grammars = grammars or GrammarCompiler(
             tokenizer.hf, tokenizer.vocab_size, tokenizer.eos_token_ids, on_compiled=observer.on_grammar_compiled
         )
         self.config = config
@@ -233,7 +236,7 @@ class AsyncEngine:
             if core.dead is not None:
                 raise EngineDeadError(f"warmup failed: {core.dead!r}")
             await asyncio.sleep(0.02)
-        engine = cls(core, core.tokenizer, config, groups, observer)
+        engine = cls(core, core.tokenizer, config, groups, observer, core.grammars)
         await asyncio.to_thread(engine.grammars.prepare)
         return engine
 

@@ -23,6 +23,7 @@ from models.engine_request import EngineRequest
 from models.faults import forward_faults_from_env
 from models.gpu import GpuStat, read_gpu_stats
 from models.grammar import GrammarCompiler
+from models.grammar_intake import GrammarIntake
 from models.grammar_masks import MaskWorker
 from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
@@ -78,12 +79,18 @@ class EngineCore:
             self.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len)
         self._slots = SlotRelease(self.runner, config.max_num_seqs, clock, at_once=config.max_kv_tokens > 0)
         self.sampler = Sampler(loaded.vocab_size, self.runner.device)
-        self.grammars = GrammarCompiler(loaded.tokenizer.hf, loaded.vocab_size, loaded.tokenizer.eos_token_ids)
+        self.grammars = GrammarCompiler(
+            loaded.tokenizer.hf,
+            loaded.vocab_size,
+            loaded.tokenizer.eos_token_ids,
+            on_compiled=observer.on_grammar_compiled,
+        )
         self._masks = MaskWorker(loaded.vocab_size)
         self._threads = loaded.threads
         self.scheduler = Scheduler(config, loaded.tokenizer.eos_token_ids)
         self._publish = publish
         self._inbox: queue.SimpleQueue[EngineRequest | str | _Stop] = queue.SimpleQueue()
+        self._intake = GrammarIntake(self.grammars, self._inbox.put)
         # Requests (not aborts) put in the inbox and taken out: each counter has one writer (the
         # caller of add_request; the loop), so their difference is exact without a lock.
         self._num_inbox_added = 0
@@ -109,14 +116,14 @@ class EngineCore:
     ) -> None:
         """`arrival_time` (engine clock): when the request arrived, if earlier than now; `share`:
         whose share of the queue it takes (models/fair_shares.py). Called from any thread; a
-        grammar is compiled here (models/engine_request.py)."""
+        grammar not compiled yet is compiled on the compiler's threads (models/grammar_intake.py)."""
         if self.dead is not None:
             raise EngineDeadError(ENGINE_STOPPED)
         arrived = self.clock() if arrival_time is None else arrival_time
         seq = Sequence(request_id, list(prompt_token_ids), params, priority, share=share, arrival_time=arrived)
-        request = EngineRequest.build(seq, self.tokenizer, self.grammars, self.runner.device)
+        request = EngineRequest.build(seq, self.tokenizer, self.runner.device)
         self._num_inbox_added += 1  # before the put: counted early rather than missed
-        self._inbox.put(request)
+        self._intake.add(request)
 
     def abort_request(self, request_id: str) -> None:
         self._inbox.put(request_id)
@@ -359,9 +366,12 @@ class EngineCore:
             if isinstance(item, str):
                 self._abort(item)
                 continue
+            if not self._intake.arrived(item):  # aborted while its grammar compiled
+                self._num_inbox_taken += 1
+                continue
             if item.refusal is not None:
                 self._num_inbox_taken += 1
-                self._publish([error_output(item.seq, item.refusal)])
+                self._publish([error_output(item.seq, item.refusal, FinishReason.INVALID)])
                 continue
             try:
                 self.scheduler.add(item.seq)
@@ -374,6 +384,8 @@ class EngineCore:
             self._deadline.add(item.seq)
 
     def _abort(self, request_id: str) -> None:
+        if self._intake.abort(request_id):
+            return
         seq = self.scheduler.abort(request_id)
         if seq is not None:
             self._requests.pop(request_id, None)
@@ -415,7 +427,11 @@ class EngineCore:
                 break
             if isinstance(item, EngineRequest):
                 self._num_inbox_taken += 1
-                seqs.append(item.seq)
+                if self._intake.arrived(item):
+                    seqs.append(item.seq)
+        compiling = self._intake.drain()  # after the inbox: one arriving meanwhile is in this list
+        self._num_inbox_taken += len(compiling)
+        seqs += [request.seq for request in compiling]
         try:
             self._publish(self._fail(seqs, message))
         except Exception:
@@ -430,7 +446,7 @@ class EngineCore:
         observer, publish = self.observer, self._publish
         self.observer, self._publish = NULL_OBSERVER, _nothing
         for seq in seqs:
-            self._requests[seq.request_id] = EngineRequest.build(seq, self.tokenizer, self.grammars, self.runner.device)
+            self._requests[seq.request_id] = EngineRequest.build(seq, self.tokenizer, self.runner.device)
             self.scheduler.add(seq)
         while self.scheduler.has_work:
             self.step()

@@ -19,6 +19,7 @@ The child exits on `StopEngine` or when the server's end of the pipe closes (the
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import pickle
@@ -149,6 +150,7 @@ def serve_engine(
     init: Callable[[], None] | None = None,
 ) -> None:
     """The engine process's main function (the target of `multiprocessing.Process`)."""
+    faulthandler.enable()  # a native crash leaves its threads' stacks on stderr (the server's)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if config.nice:

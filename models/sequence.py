@@ -24,8 +24,17 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # eos, a stop token or a stop string
     LENGTH = "length"  # max_tokens or the model's context length
     ABORT = "abort"  # the client went away
-    ERROR = "error"  # the forward pass or the engine failed
+    ERROR = "error"  # the forward pass or the engine failed: the server's fault
+    # The request's own input made it fail (its grammar cannot be compiled or enforced): the
+    # client's fault, a 4xx, and no server error in the load signal or the error metrics.
+    INVALID = "invalid"
     REJECTED = "rejected"  # dropped before using the model (its queue time ran out)
+
+
+def cache_scope_of(share: str) -> str:
+    """The cache scope of a queue share: an API key's requests reuse only that key's cached
+    prefixes and grammars; without keys there are no tenants to keep apart, and any may reuse any."""
+    return share if share.startswith("key:") else ""
 
 
 @dataclass(eq=False, slots=True)
@@ -70,9 +79,8 @@ class Sequence:
 
     @property
     def cache_scope(self) -> str:
-        """Whose cached prefixes it may reuse (models/prefix_cache.py): an API key's prompts only
-        that key's; without keys there are no tenants to keep apart, and any prompt any."""
-        return self.share if self.share.startswith("key:") else ""
+        """Whose cached prefixes (models/prefix_cache.py) and compiled grammars it may reuse."""
+        return cache_scope_of(self.share)
 
     @property
     def last_token_id(self) -> int:

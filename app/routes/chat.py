@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from fastapi import APIRouter, Request
@@ -19,7 +18,7 @@ from app.schemas import ChatChunkEncoder, ChatCompletionRequest, Usage, cached_t
 from app.sse import sse_response
 from app.state import generation_inputs
 from app.streaming import stream_events
-from app.tool_choice import ToolPlan, constrain_tools, plan_tools
+from app.tool_choice import ToolPlan, plan_and_constrain
 from app.validation import check_model, check_text_fits, sampling_params, tokenize_sized
 from middleware.errors import invalid_request
 from models.async_engine import AsyncEngine
@@ -48,16 +47,13 @@ async def create_chat_completion(request: Request) -> Response:
 
     prompt = await tokenize_sized(len(await request.body()), encode)
     choice_params = sampling_params(engine, state.settings, body, [len(prompt)], body.requested_max_tokens, "messages")
-    counts = state.constrained_requests
-    # Off the event loop: the first grammar reads the whole vocabulary into the grammar library.
+    constraints = state.constraints(request, engine.grammars)
     plan = None
     if body.tools:
         special_id = engine.tokenizer.special_token_id
-        plan = await asyncio.to_thread(plan_tools, body, state.tool_format, engine.grammars.terminal, special_id)
-    if plan is not None:
-        choice_params = await constrain_tools(engine.grammars, body, plan, choice_params, counts)
+        plan, choice_params = await plan_and_constrain(constraints, body, state.tool_format, special_id, choice_params)
     else:
-        choice_params = await constrain(engine.grammars, body.response_format, choice_params, counts)
+        choice_params = await constrain(constraints, body.response_format, choice_params)
     reasoning = None  # for a reasoning model: whether the reply starts inside a reasoning block
     if state.reasons:
         reasoning = prompt_opens_reasoning(str(engine.tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False)))

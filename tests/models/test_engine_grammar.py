@@ -68,7 +68,7 @@ async def test_a_grammar_that_cannot_compile_is_an_error_not_a_free_reply(make_e
     engine = await make_engine()
     bad = SamplingParams(max_tokens=8, grammar=json_schema_grammar({"type": "array", "uniqueItems": True}))
     (outs,) = await run(engine.submit([(prompt(5, 4), bad)]))
-    assert outs[-1].finish_reason is FinishReason.ERROR and not tokens(outs)
+    assert outs[-1].finish_reason is FinishReason.INVALID and not tokens(outs)
     assert outs[-1].error is not None and "uniqueItems" in outs[-1].error
     # The engine goes on serving.
     (outs,) = await run(engine.submit([(prompt(5, 5), constrained(5))]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from typing import Any
 
 import jsonschema
@@ -13,7 +14,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from models import tiny
-from models.grammar import GrammarCompiler, GrammarError, json_schema_grammar
+from models.grammar import TOO_COMPLEX, GrammarCompiler, GrammarError, client_message, json_schema_grammar
 from models.grammar_masks import fill_disallowed
 from models.sampler import Sampler, SamplingRow, make_generator
 from models.sampling_params import SamplingParams
@@ -71,7 +72,7 @@ def test_the_compiled_grammar_is_reused_and_each_matcher_is_fresh(compiler: Gram
     first = compiler.matcher(grammar)
     assert first.consume_token(first_allowed(first, compiler.vocab_size))
     second = compiler.matcher(grammar)
-    assert compiler._compiled[grammar] is not first  # a copy, never the cached template
+    assert compiler._compiled[("", grammar)] is not first  # a copy, never the cached template
     masks = fill_disallowed([first, second], compiler.vocab_size)
     assert not torch.equal(masks[0], masks[1])
 
@@ -159,3 +160,65 @@ def test_logits_are_not_modified_by_a_mask(compiler: GrammarCompiler) -> None:
     ]
     Sampler(compiler.vocab_size, CPU)(logits, rows)
     assert torch.equal(logits, before)
+
+
+def test_a_library_panic_is_a_fixed_sentence_and_the_detail_goes_to_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    panic = (
+        "panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10\n<backtrace>\n"
+        "   0: <unknown>\n   1: /root/.cargo/registry/src/index.crates.io/llguidance-1.9.1/src/earley/grammar.rs:412"
+    )
+    with caplog.at_level("WARNING"):
+        assert client_message(panic) == TOO_COMPLEX
+        assert client_message("Parser Error: Current row has 2407 items; max is 2000") == TOO_COMPLEX
+    assert ".cargo" in caplog.text  # the operator still sees it
+    assert client_message("regex parse error:\n    ((\n     ^\nerror: unclosed group") == (
+        "regex parse error: (( ^ error: unclosed group"
+    )
+
+
+def test_a_compiled_grammar_serves_only_its_own_scope(hf_tokenizer: PreTrainedTokenizerBase) -> None:
+    """A key must not learn from a compile's speed that another key sent the same schema."""
+    compiled: list[float] = []
+    compiler = GrammarCompiler(hf_tokenizer, len(hf_tokenizer), EOS, on_compiled=compiled.append)
+    grammar = json_schema_grammar(PERSON)
+    compiler.check(grammar, "key:a")
+    assert compiler.is_compiled(grammar, "key:a") and not compiler.is_compiled(grammar, "key:b")
+    compiler.matcher(grammar, "key:a")
+    assert len(compiled) == 1
+    compiler.matcher(grammar, "key:b")  # compiled again, for b
+    assert len(compiled) == 2 and compiler.is_compiled(grammar, "key:b")
+
+
+def test_the_deepest_schema_within_the_bounds_compiles_on_a_small_thread_stack(compiler: GrammarCompiler) -> None:
+    """The bound on depth leaves room: a 1 MiB thread stack (an eighth of the usual) compiles a
+    schema at the bound (the 1,000-deep chain overflowed 8 MiB)."""
+    defs: dict[str, Any] = {
+        f"d{i}": {"anyOf": [{"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}}, {"type": "null"}]}
+        for i in range(42)
+    }
+    defs["d42"] = {"type": "string"}
+    grammar = json_schema_grammar({"$ref": "#/$defs/d0", "$defs": defs})  # 127 subschemas deep
+    errors: list[BaseException] = []
+
+    def compile_it() -> None:
+        try:
+            compiler.check(grammar)
+        except BaseException as exc:
+            errors.append(exc)
+
+    previous = threading.stack_size(1024 * 1024)
+    try:
+        thread = threading.Thread(target=compile_it)
+        thread.start()
+    finally:
+        threading.stack_size(previous)
+    thread.join()
+    assert not errors
+
+
+def test_objects_are_closed_only_when_asked(compiler: GrammarCompiler) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    for closed, accepts in ((True, False), (False, True)):
+        matcher = compiler.matcher(json_schema_grammar(schema, closed=closed))
+        ids = compiler._llg_tokenizer().tokenize_str('{"a": 1, "zz": 2}')
+        assert all(matcher.consume_token(t) for t in ids) is accepts

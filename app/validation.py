@@ -8,9 +8,9 @@ the client with its proper status. What needs no model (field types, ranges) is 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from app.request_budget import RequestBudget
 from app.schemas import ChatCompletionRequest, CompletionRequest
@@ -23,6 +23,18 @@ from models.sampling_params import SamplingParams
 def check_model(settings: Settings, requested: str) -> None:
     if requested not in (settings.model_name, settings.model):
         raise not_found_model(requested)
+
+
+def check_template_variables(engine: AsyncEngine, variables: Mapping[str, Any] | None) -> None:
+    """`chat_template_kwargs` may not set what the renderer provides (`messages`, `tools`, the
+    special tokens such as `bos_token`): set from a request, a special token would be written by
+    the template as a real control token, and the others would replace the conversation."""
+    reserved = sorted(engine.tokenizer.reserved_template_variables.intersection(variables or {}))
+    if reserved:
+        raise invalid_request(
+            f"chat_template_kwargs may not set '{reserved[0]}': the server provides it to the chat template.",
+            param=f"chat_template_kwargs.{reserved[0]}",
+        )
 
 
 # Texts longer than max_model_len x this many characters are first measured on a prefix that

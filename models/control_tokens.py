@@ -3,21 +3,25 @@
 The template's output is tokenized with special tokens parsed, so a user message containing
 `<|im_end|>\\n<|im_start|>system\\n...` became real control tokens: the user closed its own turn
 and opened a system turn (role spoofing; an application that forwards end-user text into a user
-message hands its users the system prompt). Here each special token's text inside the content of
-a system, developer, user or tool message gets a zero-width space after its first character, so
-it tokenizes as the text it is. Assistant turns are left alone: they are the model's own output,
-and templates read tags in them (Qwen3 cuts the reasoning of past turns at `</think>`). Only the
-tokenizer's special tokens are defused; other added tokens (`<tool_call>`, `<think>`) open no turn.
+message hands its users the system prompt). Every string the template can render comes from the
+client: the messages of every role (an assistant turn in the history is the client's too: a fake
+earlier reply is the same attack), their names and tool calls (names, arguments), the tools'
+names, descriptions and parameter schemas (keys included), and the request's template
+variables. Each special token's text inside any of them gets a zero-width space after its first
+character, so it tokenizes as the text it is; the template's own control tokens are untouched.
+
+Only the tokenizer's special tokens are defused; other added tokens (`<tool_call>`, `<think>`)
+open no turn, and templates read them in past turns (Qwen3 cuts the reasoning of past turns at
+`</think>`). Tool calls reach the template as structured fields, which it writes with its own tags.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 ZERO_WIDTH_SPACE = "\u200b"
-_CLIENT_ROLES = frozenset({"system", "developer", "user", "tool"})
 
 
 class ControlTokens:
@@ -28,25 +32,27 @@ class ControlTokens:
     def defuse(self, text: str) -> str:
         if self._pattern is None:
             return text
-        return self._pattern.sub(lambda match: match[0][0] + ZERO_WIDTH_SPACE + match[0][1:], text)
+        return self._pattern.sub(_break, text)
 
-    def defuse_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Copies of `messages` (chat-template dicts) with the client roles' text defused."""
-        out = []
-        for message in messages:
-            message = dict(message)
-            if message.get("role") in _CLIENT_ROLES:
-                content = message.get("content")
-                if isinstance(content, str):
-                    message["content"] = self.defuse(content)
-                elif isinstance(content, list):
-                    message["content"] = [self._defuse_part(part) for part in content]
-                if isinstance(message.get("name"), str):
-                    message["name"] = self.defuse(message["name"])
-            out.append(message)
-        return out
+    def defuse_all(self, value: Any) -> Any:
+        """A copy of `value` (JSON-like data: dicts, lists, strings, numbers) with every string
+        defused, dict keys included; anything else is kept as it is. The request's own data is
+        untouched. JSON stays JSON: the space lands inside a string."""
+        if self._pattern is None:
+            return value
+        return _walk(value, self._pattern.sub)
 
-    def _defuse_part(self, part: Any) -> Any:
-        if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-            return {**part, "text": self.defuse(part["text"])}
-        return part
+
+def _break(match: re.Match[str]) -> str:
+    return match[0][0] + ZERO_WIDTH_SPACE + match[0][1:]
+
+
+def _walk(value: Any, sub: Any) -> Any:
+    # NOTE: recursion is bounded by the body's JSON parser, which refuses deep nesting.
+    if isinstance(value, str):
+        return sub(_break, value)
+    if isinstance(value, Mapping):
+        return {(sub(_break, key) if isinstance(key, str) else key): _walk(item, sub) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_walk(item, sub) for item in value]
+    return value

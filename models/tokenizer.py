@@ -29,16 +29,28 @@ DEFAULT_CHAT_TEMPLATE = (
 )
 
 
-# apply_chat_template's own arguments: a request's template variables may not replace them.
-RESERVED_TEMPLATE_ARGS = frozenset(
+# What the renderer itself gives the template, and apply_chat_template's own arguments: the names
+# transformers passes (`messages`, `tools`, `documents`, `add_generation_prompt`), the Jinja
+# globals it defines, and, per tokenizer, its special tokens (`Tokenizer.reserved_template_variables`).
+# A request's template variables may not set them: `bos_token` set from a request would be
+# written by the template as a real control token (transformers lets template variables replace
+# the special tokens).
+RESERVED_TEMPLATE_VARIABLES = frozenset(
     {
-        "conversation",
+        "messages",
         "tools",
         "documents",
-        "chat_template",
         "add_generation_prompt",
+        "raise_exception",
+        "strftime_now",
+        "dict",
+        "namespace",
+        "additional_special_tokens",
+        "conversation",
+        "chat_template",
         "continue_final_message",
         "tokenize",
+        "sanitize_control_tokens",
         "padding",
         "truncation",
         "max_length",
@@ -64,6 +76,9 @@ class Tokenizer:
         self._byte_decoder = _byte_decoder() if is_byte_level else None
         specials = [token.content for token in hf_tokenizer.added_tokens_decoder.values() if token.special]
         self._control = ControlTokens([*specials, *hf_tokenizer.all_special_tokens])
+        self.reserved_template_variables = RESERVED_TEMPLATE_VARIABLES | frozenset(
+            [*hf_tokenizer.SPECIAL_TOKENS_ATTRIBUTES, *hf_tokenizer.special_tokens_map]
+        )
         # Per-token caches for logprobs; bounded by the vocabulary.
         self._text_cache: dict[int, str] = {}
         self._bytes_cache: dict[int, bytes] = {}
@@ -90,15 +105,22 @@ class Tokenizer:
         """Apply the model's chat template with the generation prompt; return token ids.
 
         `tools` (OpenAI's tool objects) reach the template as `tools`, as transformers passes
-        them; `template_kwargs` become template variables (e.g. `enable_thinking`)."""
+        them; `template_kwargs` become template variables (e.g. `enable_thinking`) and may not
+        name a reserved one (ValueError; the API checks first, for a 400 naming it). Every
+        client string among them is defused first, in one walk (models/control_tokens.py)."""
+        variables = dict(template_kwargs or {})
+        reserved = sorted(self.reserved_template_variables.intersection(variables))
+        if reserved:
+            raise ValueError(f"template variables the renderer provides cannot be set: {', '.join(reserved)}")
+        messages, tools, variables = self._control.defuse_all((messages, tools or None, variables))
         template = None if self.has_chat_template else DEFAULT_CHAT_TEMPLATE
         text = self.hf.apply_chat_template(
-            self._control.defuse_messages(messages),  # models/control_tokens.py
-            tools=[dict(tool) for tool in tools] if tools else None,
+            messages,
+            tools=tools,
             chat_template=template,
             add_generation_prompt=True,
             tokenize=False,
-            **{key: value for key, value in (template_kwargs or {}).items() if key not in RESERVED_TEMPLATE_ARGS},
+            **variables,
         )
         assert isinstance(text, str)
         # The template already wrote any BOS it wants; don't add special tokens twice.

@@ -19,7 +19,7 @@ from app.sse import sse_response
 from app.state import generation_inputs
 from app.streaming import stream_events
 from app.tool_choice import ToolPlan, plan_and_constrain
-from app.validation import check_model, check_text_fits, sampling_params, tokenize_sized
+from app.validation import check_model, check_template_variables, check_text_fits, sampling_params, tokenize_sized
 from middleware.errors import invalid_request
 from models.async_engine import AsyncEngine
 
@@ -35,6 +35,7 @@ _parse_body = json_body(ChatCompletionRequest)
 async def create_chat_completion(request: Request) -> Response:
     body, state, engine = await generation_inputs(request, _parse_body)
     check_model(state.settings, body.model)
+    check_template_variables(engine, body.chat_template_kwargs)
 
     def encode() -> list[int]:
         check_text_fits(engine, [message.text for message in body.messages], "messages")

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
 from starlette.responses import Response
 
+from app.connections import Connections
 from app.response_format import CONSTRAINED_KINDS
 from app.state import ServerState
 from middleware.errors import error_json
@@ -240,6 +241,7 @@ class ServerCollector(Collector):
         auth.add_metric([model, "rejected"], state.auth_failures.num_rejected)
         auth.add_metric([model, "throttled"], state.auth_failures.num_throttled)
         yield auth
+        yield from _connection_metrics(state.connections, model, gauge)
         shed = CounterMetricFamily(
             "surge_shed_requests",
             "Requests refused with 503 at admission: queue_full (queue bounds) or load (degradation).",
@@ -309,6 +311,26 @@ def install_metrics(app: FastAPI, state: ServerState) -> tuple[EngineMetrics, tu
         {"should_group_status_codes": False, "excluded_handlers": ["^/metrics$"], "registry": registry},
     )
     return engine_metrics, middleware
+
+
+def _connection_metrics(
+    connections: Connections, model: str, gauge: Callable[[str, str, float], GaugeMetricFamily]
+) -> Iterator[Metric]:
+    yield gauge("surge_connections_open", "Open HTTP connections.", connections.num_open)
+    yield gauge("surge_connections_idle", "Open HTTP connections between requests.", connections.num_idle)
+    closed = CounterMetricFamily(
+        "surge_connections_closed",
+        "Connections closed or refused by a bound: evicted (idle, to make room), per_address (new, its address"
+        " full), full (new, past --max-connections and its probe reserve), over_limit (a request answered 503"
+        " past --max-connections), send_timeout (a client that read nothing).",
+        labels=["model", "reason"],
+    )
+    closed.add_metric([model, "evicted"], connections.num_evicted)
+    closed.add_metric([model, "per_address"], connections.num_refused_address)
+    closed.add_metric([model, "full"], connections.num_refused_full)
+    closed.add_metric([model, "over_limit"], connections.num_over_limit)
+    closed.add_metric([model, "send_timeout"], connections.num_send_timeouts)
+    yield closed
 
 
 def _prefix_cache_metrics(

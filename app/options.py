@@ -148,7 +148,24 @@ OPTIONS: tuple[Option, ...] = (
         "nice value of the engine process (process mode): on a busy CPU the HTTP server (refusals, probes,"
         " stream writes) runs before model compute; 0 = the same priority",
     ),
-    Option("max_connections", int, "open connections and requests beyond which uvicorn answers 503; 0 = no limit"),
+    Option(
+        "max_connections",
+        int,
+        "open connections: past it the longest-idle one is closed; with none idle, a few more may open for"
+        " /health, /ready and /metrics only (503 for other requests); 0 = no limit",
+    ),
+    Option(
+        "max_connections_per_address",
+        int,
+        "connections one client address may hold idle or sending a request: past it its longest-idle one is"
+        " closed, or with none idle the new one; behind a proxy every client has its address: 0 (off) there",
+    ),
+    Option(
+        "send_timeout_seconds",
+        float,
+        "time a response may wait for a client that reads nothing (its socket full) before the connection is"
+        " cut and the request aborted; 0 = no limit",
+    ),
     Option("max_header_bytes", int, "largest request line plus headers (400 beyond)"),
     Option(
         "header_timeout_seconds", float, "time a request's headers may take to arrive before its connection is closed"

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI
 
+from app.connections import Connections
 from app.diagnostics import engine_process_init, install_tracemalloc
 from app.door import install_door_layers
 from app.errors import install_error_handlers
@@ -46,7 +47,11 @@ def create_app(
     settings: Settings, on_fatal: Callable[[], None] | None = None, spawned: SpawnedEngine | None = None
 ) -> FastAPI:
     """The app; its lifespan starts the engine, or adopts `spawned`, a child started before (app/cli.py)."""
-    state = ServerState(settings, auth_failures=AuthFailures(settings.auth_failures_per_minute))
+    state = ServerState(
+        settings,
+        auth_failures=AuthFailures(settings.auth_failures_per_minute),
+        connections=Connections(settings.max_connections, settings.max_connections_per_address),
+    )
     state.redis = _redis(settings, settings.redis_url)
     state.redis_cache = state.redis
     if settings.redis_cache_url and settings.redis_cache_url != settings.redis_url:
@@ -150,10 +155,17 @@ def serve(settings: Settings, spawned: SpawnedEngine | None = None) -> None:
         # NOTE: typed int in uvicorn, but it only reaches asyncio.wait_for, which takes a float.
         timeout_graceful_shutdown=settings.shutdown_grace_seconds,  # type: ignore[arg-type]
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        # NOTE: no `limit_concurrency`: it counted idle sockets and refused probes; the protocol
+        # bounds connections itself (app/connections.py).
         http=bounded_protocol(
-            settings.max_header_bytes, settings.header_timeout_seconds, settings.body_timeout_seconds
+            settings.max_header_bytes,
+            settings.header_timeout_seconds,
+            settings.body_timeout_seconds,
+            settings.send_timeout_seconds,
+            state.connections,
         ),
-        limit_concurrency=settings.max_connections or None,
+        # surge serves no WebSocket; an upgraded connection would leave the bounded protocol.
+        ws="none",
     )
     server = DrainingServer(config, on_shutdown_signal=start_draining, delay_seconds=settings.shutdown_delay_seconds)
     install_tracemalloc("server")  # off unless SURGE_TRACEMALLOC is set (app/diagnostics.py)

@@ -64,6 +64,12 @@ class Settings:
     max_body_bytes: int = 0
     # Connection bounds (app/http_protocol.py): h11's default header bound, 16 KiB.
     max_connections: int = 2048
+    # Idle or still-arriving connections per client address: above the openai SDK's pool of 100 idle
+    # ones (httpx keeps 20), so one client never meets it; far below max_connections, so one address
+    # cannot fill it (requests being answered do not count: the traffic layers bound those).
+    max_connections_per_address: int = 128
+    # nginx's send_timeout: a client that takes nothing of a response for this long is gone.
+    send_timeout_seconds: float = 60.0
     max_header_bytes: int = 16 * 1024
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 30.0
@@ -120,6 +126,8 @@ class Settings:
             raise ValueError(
                 "max_connections must be 0 or positive, max_header_bytes at least 1024, header_timeout_seconds positive"
             )
+        if self.max_connections_per_address < 0 or self.send_timeout_seconds < 0:
+            raise ValueError("max_connections_per_address and send_timeout_seconds must be 0 (off) or positive")
         if self.keepalive_seconds <= 0:
             raise ValueError("keepalive_seconds must be positive")
         if self.shutdown_delay_seconds < 0 or self.shutdown_grace_seconds < 0:

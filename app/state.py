@@ -9,6 +9,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
+from app.connections import Connections
 from app.request_budget import MAX_BODY_BYTES, RequestBudget
 from app.response_format import Constraints
 from app.settings import Settings
@@ -49,6 +50,8 @@ class ServerState:
     concurrency_counts: ConcurrencyCounts = field(default_factory=ConcurrencyCounts)
     # Failed authentications, throttled per client address; the door's auth layer counts them.
     auth_failures: AuthFailures = field(default_factory=lambda: AuthFailures(0))
+    # The server's open connections (app/http_protocol.py reports them; app/metrics.py reads).
+    connections: Connections = field(default_factory=lambda: Connections(0, 0))
     # Requests with a grammar, by kind (app/response_format.py counts them, app/metrics.py reads).
     constrained_requests: Counter[str] = field(default_factory=Counter)
     # How the model writes tool calls (app/tools/formats.py); set with the engine.

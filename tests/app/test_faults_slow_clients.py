@@ -35,9 +35,11 @@ from tests.app.fault_tools import metric, wait_idle
 CHAT = "/v1/chat/completions"
 # Degradation off: a wave of stalled clients queued behind a full batch would (rightly) raise the
 # level, and level 3 answers normal streams with canned replies; this test is about slow readers.
+# The send timeout off: the stalled clients must hold on for the whole test (cutting them is
+# tests/app/test_connections.py's).
 ARGS = (
     "--served-model-name", "m", "--max-model-len", "2048", "--max-num-seqs", "16",
-    "--degrade-thresholds", "off", "--log-level", "warning",
+    "--degrade-thresholds", "off", "--log-level", "warning", "--send-timeout-seconds", "0",
 )  # fmt: skip
 RECEIVE_BUFFER = 4096  # bytes: the stalled client's kernel buffer
 STALLED_TOKENS = 2000
@@ -82,7 +84,10 @@ def stall(url: str) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)  # before connect: sets the window
     sock.connect((parts.hostname, parts.port))
     body = json.dumps(stalled_body()).encode()
-    head = f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
     sock.sendall(head.encode() + body)
     return sock
 

@@ -61,6 +61,8 @@ def test_settings_are_known_surge_variables_and_the_key_comes_from_a_secret(
     assert container["envFrom"] == [{"configMapRef": {"name": "surge-config"}}]
     key = next(e for e in container["env"] if e["name"] == "SURGE_API_KEY")
     assert key["valueFrom"]["secretKeyRef"]["name"] == "surge-api-keys"
+    # Every client comes through the ingress, with its address: no bound per address at the pod.
+    assert config["SURGE_MAX_CONNECTIONS_PER_ADDRESS"] == "0"
 
 
 def test_redis_fail_open_is_not_eager_and_never_exceeds_the_limits(built: tuple[str, list[dict[str, Any]]]) -> None:

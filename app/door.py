@@ -12,6 +12,7 @@ from starlette.middleware.cors import CORSMiddleware
 from app.settings import Settings
 from app.state import RETRY_AFTER_SECONDS, ServerState
 from middleware import DOOR
+from middleware.edge.allowed_hosts import ANY_HOST, AllowedHostsMiddleware
 from middleware.edge.auth import ApiKeyMiddleware
 from middleware.edge.body_limit import BodyLimitMiddleware
 from middleware.edge.draining import DrainingMiddleware
@@ -33,6 +34,7 @@ def install_door_layers(app: FastAPI, settings: Settings, state: ServerState, ht
         "request_id": lambda: (RequestIdMiddleware, {}),
         "cors": lambda: _cors(settings),
         "http_metrics": lambda: http_metrics,
+        "allowed_hosts": lambda: _allowed_hosts(settings),
         "draining": lambda: (
             DrainingMiddleware,
             {"is_draining": lambda: state.is_shutting_down, "retry_after_seconds": RETRY_AFTER_SECONDS},
@@ -75,6 +77,14 @@ def _cors(settings: Settings) -> Entry | None:
         "expose_headers": ["*"],
     }
     return CORSMiddleware, options
+
+
+def _allowed_hosts(settings: Settings) -> Entry | None:
+    """The Host check, while auth is off and `--allowed-host '*'` is not given. The name surge is
+    bound to (`--host surge.lan`) is allowed too; an address needs no entry."""
+    if settings.api_key or settings.keys is not None or ANY_HOST in settings.allowed_host:
+        return None
+    return AllowedHostsMiddleware, {"allowed_hosts": (*settings.allowed_host, settings.host)}
 
 
 def _auth_options(settings: Settings) -> dict[str, object]:

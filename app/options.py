@@ -124,6 +124,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("cors_origin", str, "allowed CORS origin (repeatable, `*` for any)", multiple=True),
     Option(
+        "allowed_host",
+        str,
+        "with auth off, a host name requests may carry in Host (repeatable; `*.example.com` for its"
+        " subdomains; `*` turns the check off); localhost, IP addresses and --host are always allowed,"
+        " other names get a 421 (DNS rebinding); with auth on any Host passes",
+        multiple=True,
+    ),
+    Option(
         "num_threads",
         str,
         "torch CPU threads for decode steps; `auto` times a decode step at warm-up on 1 up to every CPU and"

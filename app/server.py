@@ -124,10 +124,16 @@ def warn_if_open(settings: Settings) -> None:
     """A WARNING when anyone who can reach the address may use the server (auth off, not loopback)."""
     is_loopback = settings.host in ("localhost", "::1") or settings.host.startswith("127.")
     if not is_loopback and not settings.api_key and settings.keys is None:
+        names = (
+            "; requests by a host name other than localhost or an --allowed-host one get a 421"
+            if "*" not in settings.allowed_host
+            else ""
+        )
         log.warning(
             "auth is off (no --api-key or --keys-file) and surge listens on %s: anyone who can reach it "
-            "can use it, as one tenant",
+            "can use it, as one tenant%s",
             settings.host,
+            names,
         )
 
 

@@ -17,6 +17,7 @@ from app.sizes import parse_size
 from middleware.admission.admission import AdmissionConfig
 from middleware.admission.degradation import DegradationConfig
 from middleware.dedup.cache import DEDUP_SCOPES
+from middleware.edge.allowed_hosts import check_allowed_host
 from middleware.idempotency.asgi import DEFAULT_MAX_STORED_BYTES
 from middleware.idempotency.store import TenantQuota
 from middleware.keys_file import KeysFile, load_keys_file
@@ -57,6 +58,7 @@ class Settings:
     metrics_key: str = ""
     max_concurrent_per_key: int = 0
     cors_origin: tuple[str, ...] = ()
+    allowed_host: tuple[str, ...] = ()  # with auth off; loopback names and IP addresses always pass
     num_threads: str = "auto"  # or a count (models/config.py AUTO_THREADS)
     prefill_threads: int = _MODEL.prefill_threads
     engine_mode: str = "process" if _ENGINE.separate_process else "thread"
@@ -128,6 +130,8 @@ class Settings:
             )
         if self.max_connections_per_address < 0 or self.send_timeout_seconds < 0:
             raise ValueError("max_connections_per_address and send_timeout_seconds must be 0 (off) or positive")
+        for host in self.allowed_host:
+            check_allowed_host(host)
         if self.keepalive_seconds <= 0:
             raise ValueError("keepalive_seconds must be positive")
         if self.shutdown_delay_seconds < 0 or self.shutdown_grace_seconds < 0:

@@ -26,6 +26,10 @@ DOOR: tuple[str, ...] = (
     "cors",
     # HTTP metrics (app/metrics.py) outside every rejection, so 401s, 429s and 503s count too.
     "http_metrics",
+    # Allowed hosts (with auth off): a Host that is not localhost, an IP address or an
+    # --allowed-host name is a DNS-rebinding page's, 421 before any layer does work for it
+    # (edge/allowed_hosts.py); inside the metrics so the 421s count.
+    "allowed_hosts",
     # Draining: after SIGTERM, 503 + Retry-After + Connection: close before any other work
     # (edge/draining.py).
     "draining",

@@ -335,3 +335,24 @@ def test_a_web_page_cannot_post_a_generation_without_a_preflight(server: LiveSer
     assert httpx.post(url, content=body, headers=as_json).status_code == 200
     curl = {"Content-Type": "application/x-www-form-urlencoded"}
     assert httpx.post(url, content=body, headers=curl).status_code == 200
+
+
+def test_a_rebound_host_is_refused_with_auth_off(server: LiveServer) -> None:
+    """The attack (DNS rebinding): a page at evil.example has its name resolve to 127.0.0.1, so the
+    visitor's browser sends it same-origin requests (Host and Origin evil.example), no CORS rule
+    applies, and with auth off (the default on loopback) the page ran generations and read them."""
+    url = f"{server.url}/v1/chat/completions"
+    body = json.dumps({"model": MODEL_NAME, "messages": USER, "max_tokens": 2})
+    rebound = {"Host": "evil.example:8000", "Origin": "http://evil.example:8000", "Content-Type": "application/json"}
+    steps = server.engine.core.num_steps
+    refused = httpx.post(url, content=body, headers=rebound)
+    assert refused.status_code == 421 and refused.json()["error"]["code"] == "host_not_allowed"
+    assert httpx.get(f"{server.url}/v1/models", headers={"Host": "evil.example"}).status_code == 421
+    assert server.engine.core.num_steps == steps  # nothing ran
+    # Probes with any Host (a kubelet's), and loopback names and addresses, still work.
+    assert httpx.get(f"{server.url}/health", headers={"Host": "evil.example"}).status_code == 200
+    assert httpx.get(f"{server.url}/ready", headers={"Host": "evil.example"}).status_code == 200
+    for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "10.0.0.7:8000"):
+        assert (
+            httpx.post(url, content=body, headers={"Host": host, "Content-Type": "application/json"}).status_code == 200
+        )

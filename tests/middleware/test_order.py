@@ -9,6 +9,7 @@ from pathlib import Path
 from app.server import create_app
 from app.settings import Settings
 from middleware import AFTER_PARSE, DOOR
+from middleware.edge.allowed_hosts import AllowedHostsMiddleware
 from middleware.edge.auth import ApiKeyMiddleware
 from middleware.edge.request_id import RequestIdMiddleware
 from middleware.generation import Generation, Handler, chain
@@ -46,13 +47,16 @@ def test_the_app_stacks_the_door_layers_in_the_declared_order(tmp_path: Path) ->
     assert (
         stacked.index(RateLimitMiddleware) < stacked.index(ConcurrencyMiddleware) < stacked.index(IdempotencyMiddleware)
     )
-    assert len(stacked) == len(DOOR)  # every layer on: CORS, rate limits, concurrency
+    # Every layer on (CORS, rate limits, concurrency) but the Host check: auth is on, the key protects.
+    assert AllowedHostsMiddleware not in stacked and len(stacked) == len(DOOR) - 1
 
 
 def test_a_layer_that_is_off_is_left_out() -> None:
     app = create_app(Settings(model="echo"))
     stacked = [entry.cls for entry in app.user_middleware]
     assert RateLimitMiddleware not in stacked and len(stacked) == len(DOOR) - 3  # no CORS, rate or concurrency limit
+    assert AllowedHostsMiddleware in stacked  # auth is off: the Host check is on
+    assert AllowedHostsMiddleware not in [e.cls for e in create_app(Settings(allowed_host=("*",))).user_middleware]
 
 
 async def test_chain_runs_layers_outermost_first_around_the_innermost() -> None:

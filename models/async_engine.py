@@ -8,6 +8,9 @@ process (`separate_process=False`: each step's outputs come with one `call_soon_
 Use a request as an async context manager: leaving the block before the request finished
 (client gone, task cancelled, exception) aborts it in the engine, so its slot or queue
 place is free by the next step.
+
+The load figures the server degrades by are kept here, one sample per request and by tier, from
+the outputs each request's group receives (models/request_load.py): the same in both engine modes.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from models.engine_process import EngineProcess
 from models.engine_spawn import SpawnedEngine
 from models.gpu import GpuStat
 from models.grammar import GrammarCompiler
-from models.load_stats import LoadSnapshot
+from models.load_stats import ALL_TIERS, LoadSnapshot
 from models.observer import NULL_OBSERVER, EngineObserver
 from models.outputs import EngineDeadError, RequestOutput
 from models.prefix_cache import PrefixCacheStats
+from models.request_load import RequestLoad, RequestTrack
 from models.sampling_params import SamplingParams
 from models.tokenizer import Tokenizer
 
@@ -69,10 +73,11 @@ class RequestGroup:
     keep-alive). Leaving the `async with` block aborts every sequence not yet finished.
     """
 
-    def __init__(self, engine: AsyncEngine, request_ids: list[str]) -> None:
+    def __init__(self, engine: AsyncEngine, request_ids: list[str], track: RequestTrack | None = None) -> None:
         self.request_ids = request_ids
         self.index = {request_id: i for i, request_id in enumerate(request_ids)}
         self._engine = engine
+        self._track = track  # the request as the load figures see it
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._unfinished = set(request_ids)
 
@@ -94,8 +99,12 @@ class RequestGroup:
         for request_id in self._unfinished:
             self._engine.abort(request_id)
         self._unfinished.clear()
+        if self._track is not None:
+            self._track.end()
 
     def put(self, output: RequestOutput) -> None:
+        if self._track is not None:
+            self._track.output(output)  # as it arrives, not as the route reads it
         self._queue.put_nowait(output)
 
     async def next_outputs(self, timeout: float | None = None) -> list[RequestOutput]:
@@ -164,7 +173,6 @@ class EngineHandle(Protocol):
     ) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
     def stop(self, timeout: float = 10.0) -> None: ...
-    def load_snapshot(self) -> LoadSnapshot: ...
     def gpu_stats(self) -> list[GpuStat]: ...
 
 
@@ -190,6 +198,7 @@ class AsyncEngine:
         self.config = config
         self._groups = groups  # request id -> its group; shared with the publish callback
         self._ids = itertools.count()
+        self.load = RequestLoad()  # per request and tier, fed by the groups
 
     @classmethod
     async def start(
@@ -253,9 +262,11 @@ class AsyncEngine:
         priority: int = 0,
         request_id: str | None = None,
         share: str = "",
+        tier: int = 0,
     ) -> RequestGroup:
         """Queue one sequence per (prompt token ids, params) pair, e.g. n choices of one prompt;
-        `share`: whose share of the queue they take (the caller's API key: models/fair_shares.py).
+        `share`: whose share of the queue they take (the caller's API key: models/fair_shares.py);
+        `tier`: whose load figures the request counts in (lower = more important).
 
         Use the returned group with `async with`: leaving it aborts what has not finished.
         """
@@ -263,17 +274,35 @@ class AsyncEngine:
             raise EngineDeadError("the engine is not running")
         base = request_id or f"req-{next(self._ids)}"
         ids = [base] if len(sequences) == 1 else [f"{base}-{i}" for i in range(len(sequences))]
-        group = RequestGroup(self, ids)
-        for sub_id, (prompt_token_ids, params) in zip(ids, sequences, strict=True):
-            self._groups[sub_id] = group
-            self.core.add_request(sub_id, prompt_token_ids, params, priority, share=share)
+        group = RequestGroup(self, ids, self.load.start(len(ids), tier, share))
+        try:
+            for sub_id, (prompt_token_ids, params) in zip(ids, sequences, strict=True):
+                self._groups[sub_id] = group
+                self.core.add_request(sub_id, prompt_token_ids, params, priority, share=share)
+        except BaseException:
+            group.close()  # what was sent is aborted; the load figures forget the request
+            raise
         return group
 
     def abort(self, request_id: str) -> None:
         self.core.abort_request(request_id)
 
-    def load_snapshot(self) -> LoadSnapshot:
-        return self.core.load_snapshot()
+    def load_snapshot(self, tier: int | None = ALL_TIERS) -> LoadSnapshot:
+        """The load as `tier` sees it: its own and the more important tiers' waiting sequences and
+        requests' samples; the shared figures if it bears them. ALL_TIERS: the whole server's."""
+        core, load = self.core, self.load
+        queue_time_p90, ttft_p90, error_rate = load.window(tier)
+        return LoadSnapshot(
+            num_waiting=core.num_waiting if tier is None else load.num_waiting(tier),
+            num_running=core.num_running,
+            max_num_seqs=self.config.scheduler.max_num_seqs,
+            queue_time_p90=queue_time_p90,
+            ttft_p90=ttft_p90,
+            error_rate=error_rate,
+            kv_usage=core.kv_usage,
+            num_waiting_tokens=core.num_waiting_tokens,
+            bears_shared_load=tier is None or load.bears_shared_load(tier),
+        )
 
 
 def _dispatch(groups: dict[str, RequestGroup], outputs: list[RequestOutput]) -> None:

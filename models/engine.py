@@ -25,7 +25,6 @@ from models.gpu import GpuStat, read_gpu_stats
 from models.grammar import GrammarCompiler
 from models.grammar_intake import GrammarIntake
 from models.grammar_masks import MaskWorker
-from models.load_stats import LoadSnapshot, LoadStats
 from models.loader import LoadedModel
 from models.model_runner import ModelRunner, Runner
 from models.observer import NULL_OBSERVER, EngineObserver
@@ -68,7 +67,6 @@ class EngineCore:
         # Called on the engine thread after warmup and after every loop iteration (inbox drained,
         # step run): the engine process ships that iteration's outputs and figures from here.
         self._on_iteration = on_iteration
-        self.load_stats = LoadStats(clock=clock)
         self._deadline = QueueDeadline(config.max_queue_seconds)
         self.kv_usage = 0.0
         self.tokenizer = loaded.tokenizer
@@ -177,19 +175,6 @@ class EngineCore:
         NOTE: not `inbox.qsize()`, which also counted aborts (a client that went away showed as
         one more request waiting, over --max-queued-requests on /metrics)."""
         return self.scheduler.num_waiting + self._num_inbox_added - self._num_inbox_taken
-
-    def load_snapshot(self) -> LoadSnapshot:
-        queue_time_p90, ttft_p90, error_rate = self.load_stats.window()
-        return LoadSnapshot(
-            num_waiting=self.num_waiting,
-            num_running=self.scheduler.num_running,
-            max_num_seqs=self.config.max_num_seqs,
-            queue_time_p90=queue_time_p90,
-            ttft_p90=ttft_p90,
-            error_rate=error_rate,
-            kv_usage=self.kv_usage,
-            num_waiting_tokens=self.scheduler.num_waiting_tokens,
-        )
 
     @property
     def num_running(self) -> int:
@@ -302,8 +287,8 @@ class EngineCore:
         gaps: list[float] = []
         for seq, token_id, reason, logprob in zip(sampled, token_ids, reasons, logprobs, strict=True):
             request = self._requests[seq.request_id]
-            if seq.num_output_tokens == 1:
-                self.load_stats.record_ttft(now - seq.arrival_time)
+            is_first = seq.num_output_tokens == 1
+            if is_first:
                 observer.on_first_token(now - seq.arrival_time)
             else:
                 gaps.append(now - request.last_token_time)
@@ -323,7 +308,8 @@ class EngineCore:
                 self._finished(seq, reason)
             lps = [logprob] if logprob is not None else []
             counts, cached = (seq.num_prompt_tokens, seq.num_output_tokens), seq.num_cached_tokens
-            outputs.append(RequestOutput(seq.request_id, text, [token_id], *counts, lps, reason, error, cached))
+            queued = seq.queue_time if is_first else None  # the server's load figures take it from here
+            outputs.append(RequestOutput(seq.request_id, text, [token_id], *counts, lps, reason, error, cached, queued))
         if gaps:
             observer.on_token_gaps(gaps)
         return outputs
@@ -338,12 +324,12 @@ class EngineCore:
         return outputs
 
     def _record_plan(self, plan: SchedulerOutput) -> None:
-        """Queue times of the requests this step admits, and the KV use of the batch it runs."""
+        """Queue times of the sequences this step admits, and the KV use of the batch it runs."""
         now = self.clock()
         for chunk in plan.prefills:
             if chunk.start == chunk.seq.num_cached_tokens:  # its first chunk: admitted this step
-                self.load_stats.record_queue_time(now - chunk.seq.arrival_time)
-                self.observer.on_admitted(now - chunk.seq.arrival_time)
+                chunk.seq.queue_time = now - chunk.seq.arrival_time
+                self.observer.on_admitted(chunk.seq.queue_time)
         running = self.scheduler.running
         config = self.config
         if config.max_kv_tokens:  # what bounds admission there: the tokens the running were admitted for
@@ -398,9 +384,9 @@ class EngineCore:
         self._finished(seq, reason)
 
     def _finished(self, seq: Sequence, reason: FinishReason) -> None:
-        """The engine's side of a request's end: forget it, count it, settle the KV figure."""
+        """The engine's side of a request's end: forget it, count it, settle the KV figure. (The
+        load figures count requests, not sequences: the server records them, models/request_load.py.)"""
         self._requests.pop(seq.request_id, None)
-        self.load_stats.record_finish(is_error=reason is FinishReason.ERROR)
         self._settle_kv_usage()
         self.observer.on_finish(reason, self.clock() - seq.arrival_time)
 
@@ -452,7 +438,6 @@ class EngineCore:
             self.step()
         self.step()  # an empty step applies the slot moves the last finishes left
         measure_decode_threads(self.runner, self._threads, self.config.max_num_seqs)  # if --num-threads auto
-        self.load_stats = LoadStats(clock=self.clock)
         self.num_steps = 0
         self.observer, self._publish = observer, publish
         log.info("warmup done")

@@ -103,8 +103,8 @@ class GrammarMasksEvent(NamedTuple):
 EngineEvent = StepEvent | AdmittedEvent | FirstTokenEvent | TokenGapsEvent | FinishEvent | GrammarMasksEvent
 
 # (request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, finish_reason, error,
-#  num_cached_tokens)
-WireOutput = tuple[str, str, list[int], int, int, list[Any], str | None, str | None, int]
+#  num_cached_tokens, queue_time)
+WireOutput = tuple[str, str, list[int], int, int, list[Any], str | None, str | None, int, float | None]
 
 
 class Loaded(NamedTuple):
@@ -152,12 +152,13 @@ def output_to_wire(o: RequestOutput) -> WireOutput:
         reason,
         o.error,
         o.num_cached_tokens,
+        o.queue_time,
     )
 
 
 def output_from_wire(w: WireOutput) -> RequestOutput:
-    request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, reason, error, cached = w
+    request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, reason, error, cached, queued = w
     finish = FinishReason(reason) if reason is not None else None
     return RequestOutput(
-        request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, finish, error, cached
+        request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, finish, error, cached, queued
     )

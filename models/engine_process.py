@@ -4,8 +4,8 @@
 pipe; outputs, observer events and the engine's figures come back, read on the event loop
 when the pipe is readable (`loop.add_reader`: no thread, no hand-off). Figures the server
 asks for on every request (waiting, running, KV use) are the engine's last report plus what
-was sent since; load windows (queue time, TTFT, error rate) are kept here, fed by the same
-events the metrics get.
+was sent since; observer events are replayed into the server's metrics. (The load windows are the
+server's own, per request: models/request_load.py.)
 
 If the child dies (OOM kill, crash, its loop died), every request still open gets an error
 output and `dead` says why; /ready turns 503 and the process supervisor (Kubernetes) restarts
@@ -52,7 +52,6 @@ from models.engine_messages import (
 )
 from models.engine_spawn import SpawnedEngine, spawn_engine
 from models.gpu import GpuStat
-from models.load_stats import LoadSnapshot, LoadStats
 from models.observer import EngineObserver
 from models.outputs import ENGINE_STOPPED, EngineDeadError, RequestOutput
 from models.prefix_cache import PrefixCacheStats
@@ -82,7 +81,6 @@ class EngineProcess:
         self._publish = publish
         self._observer = observer
         self._loop = loop
-        self.load_stats = LoadStats()
         self.dead: BaseException | None = None
         self._stats = IDLE_STATS
         self._num_sent = 0
@@ -229,19 +227,6 @@ class EngineProcess:
     def gpu_stats(self) -> list[GpuStat]:
         return self._gpu_stats  # as the engine process last read them
 
-    def load_snapshot(self) -> LoadSnapshot:
-        queue_time_p90, ttft_p90, error_rate = self.load_stats.window()
-        return LoadSnapshot(
-            num_waiting=self.num_waiting,
-            num_running=self.num_running,
-            max_num_seqs=self.engine_config.scheduler.max_num_seqs,
-            queue_time_p90=queue_time_p90,
-            ttft_p90=ttft_p90,
-            error_rate=error_rate,
-            kv_usage=self.kv_usage,
-            num_waiting_tokens=self.num_waiting_tokens,
-        )
-
     # --- the pipe -----------------------------------------------------------------------------
 
     def _send_adds(self) -> None:
@@ -342,20 +327,17 @@ class EngineProcess:
             self._die(EngineDeadError(message.message))
 
     def _replay(self, events: list[EngineEvent]) -> None:
-        observer, stats = self._observer, self.load_stats
+        observer = self._observer
         for event in events:
             if isinstance(event, TokenGapsEvent):
                 observer.on_token_gaps(event.gaps)
             elif isinstance(event, StepEvent):
                 observer.on_step(event.num_seqs, event.num_prompt_tokens, event.num_generated_tokens)
             elif isinstance(event, FirstTokenEvent):
-                stats.record_ttft(event.ttft)
                 observer.on_first_token(event.ttft)
             elif isinstance(event, AdmittedEvent):
-                stats.record_queue_time(event.queue_time)
                 observer.on_admitted(event.queue_time)
             elif isinstance(event, FinishEvent):
-                stats.record_finish(is_error=event.reason is FinishReason.ERROR)
                 observer.on_finish(event.reason, event.e2e)
             elif isinstance(event, GrammarMasksEvent):
                 observer.on_grammar_masks(event.seconds)

@@ -32,6 +32,9 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     error: str | None = None  # set with FinishReason.ERROR
     num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    # On a sequence's first token only: seconds it waited in the engine's queue (the server's load
+    # figures take one per request from it: models/request_load.py).
+    queue_time: float | None = None
 
     @property
     def finished(self) -> bool:

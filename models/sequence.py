@@ -50,6 +50,8 @@ class Sequence:
     arrival_order: int = 0
     # Set by the engine (its clock, seconds): for queue time, TTFT and the queue deadline.
     arrival_time: float = 0.0
+    # Set by the engine when the scheduler first admits it: seconds it waited since arrival_time.
+    queue_time: float | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # of the prompt, copied from the prefix cache rather than computed

@@ -265,9 +265,14 @@ async def test_load_snapshot_reports_queue_and_latency(make_engine: EngineFactor
     for group in waiting:
         await run(group)
     after = engine.load_snapshot()
-    assert after.queue_time_p90 >= 0.1  # the three waited behind the blocker for at least 0.1 s
+    assert after.queue_time_p90 >= 0.05  # the three waited behind the blocker for 0.1 s (fading since)
     assert after.ttft_p90 >= after.queue_time_p90
     assert after.error_rate == 0.0
+    stats = engine.load.stats  # one sample per request: the blocker (aborted: no finish) and three
+    assert [len(stats._queue_times[0]), len(stats._ttfts[0]), len(stats._finishes[0])] == [4, 4, 3]
+    fan_out = engine.submit([(prompt(8, 90 + i), greedy(2)) for i in range(6)])  # one request, six sequences
+    await run(fan_out)
+    assert [len(stats._queue_times[0]), len(stats._ttfts[0]), len(stats._finishes[0])] == [5, 5, 4]
 
 
 class RecordingObserver:

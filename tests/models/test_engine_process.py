@@ -109,7 +109,13 @@ async def test_stop_strings_and_n_choices_cross_the_pipe(observed: tuple[AsyncEn
 async def test_figures_and_metrics_events_reach_the_server(observed: tuple[AsyncEngine, RecordingObserver]) -> None:
     engine, observer = observed
     before = (len(observer.ttfts), observer.num_generated_tokens, len(observer.finishes))
+    stats = engine.load.stats
+    samples = [len(events.get(0, ())) for events in (stats._queue_times, stats._ttfts, stats._finishes)]
     await run(engine.submit([(prompt(10, 80), greedy(5)), (prompt(12, 81), greedy(3))]))
+    # The load figures count the request once (two sequences), as with the engine on a thread.
+    assert [len(events[0]) for events in (stats._queue_times, stats._ttfts, stats._finishes)] == [
+        n + 1 for n in samples
+    ]
     assert len(observer.ttfts) == before[0] + 2
     assert observer.num_generated_tokens == before[1] + 8
     assert observer.finishes[before[2] :] == [FinishReason.LENGTH, FinishReason.LENGTH]

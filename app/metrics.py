@@ -197,22 +197,31 @@ class ServerCollector(Collector):
             core.prefix_cache_stats if core is not None else PrefixCacheStats(), gauge, counter
         )
         admission = state.admission
-        yield gauge(
+        # One series per tier (the keys file's, and 0): each tier has its own level. `max by (pod)` over
+        # them is the level of the most degraded tier, what the single series was before.
+        levels = GaugeMetricFamily(
             "surge_degradation_level",
-            "Current degradation level, 0 (normal) to 4 (shedding).",
-            admission.degrader.level() if admission is not None else 0,
+            "Current degradation level of each tier (lower = more important), 0 (normal) to 4 (shedding).",
+            labels=["model", "tier"],
         )
+        for tier, level in (admission.levels.levels() if admission is not None else {0: 0}).items():
+            levels.add_metric([model, str(tier)], level)
+        yield levels
         yield counter(
             "surge_requests_aborted",
             "Sequences aborted because their client went away.",
             core.num_aborted if core is not None else 0,
         )
         limited = CounterMetricFamily(
-            "surge_rate_limited_requests", "Requests refused with 429, by bucket.", labels=["model", "bucket"]
+            "surge_rate_limited_requests",
+            "Requests refused with 429, by bucket (concurrency: the key's sequences in flight; queue_share: its"
+            " share of the queue).",
+            labels=["model", "bucket"],
         )
         limited.add_metric([model, "requests"], state.rate_limit_counts.num_limited_requests)
         limited.add_metric([model, "tokens"], state.rate_limit_counts.num_limited_tokens)
         limited.add_metric([model, "concurrency"], state.concurrency_counts.num_limited)
+        limited.add_metric([model, "queue_share"], admission.num_over_share if admission is not None else 0)
         yield limited
         idempotency = state.idempotency_counts
         yield counter(

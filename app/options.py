@@ -220,7 +220,11 @@ OPTIONS: tuple[Option, ...] = (
     # --- rate limits --------------------------------------------------------------------------
     Option("rate_limit_rpm", int, "requests per minute per API key (per client address without keys); 0 = off"),
     Option("rate_limit_tpm", int, "tokens (prompt + max_tokens) per minute per API key; 0 = off"),
-    Option("max_concurrent_per_key", int, "requests one API key may have in flight (per replica); 0 = no limit"),
+    Option(
+        "max_concurrent_per_key",
+        int,
+        "sequences (prompts x n) one API key may have in flight (per replica); 0 = no limit",
+    ),
     Option("keys_file", str, "YAML or JSON file of API keys with per-key limits and priority tier"),
     Option(
         "rate_limit_replicas",
@@ -264,9 +268,15 @@ OPTIONS: tuple[Option, ...] = (
         " counted as one more (max_tokens x sequences x (1 + top_logprobs))",
     ),
     Option("max_queued_tokens", int, "waiting prompt tokens beyond which new requests get a 503; 0 = no bound"),
+    Option(
+        "max_queue_share_per_key",
+        float,
+        "the most of --max-queued-requests one API key's waiting sequences may hold (429 past it), so another"
+        " key always finds room; 1 = no share",
+    ),
     Option("max_queue_seconds", float, "a request still queued after this is dropped unrun (503); 0 = no limit"),
     Option("degrade_thresholds", str, "load scores entering degradation levels 1-4; `off` disables"),
-    Option("degrade_queue_depth", int, "waiting requests that count as load 1.0"),
+    Option("degrade_queue_depth", int, "waiting sequences (of a tier and the tiers above it) that count as load 1.0"),
     Option("degrade_queue_seconds", float, "queue-time p90 that counts as load 1.0"),
     Option("degrade_ttft_seconds", float, "time-to-first-token p90 that counts as load 1.0"),
     Option("degrade_error_rate", float, "error rate that counts as load 1.0"),

@@ -18,11 +18,12 @@ from app.state import RETRY_AFTER_SECONDS, ServerState
 from middleware import AFTER_PARSE
 from middleware.admission.admission import DEGRADED_HEADER, Admission, AdmissionLayer
 from middleware.admission.canned import DegradedReplyLayer
-from middleware.admission.degradation import Degrader, load_score
+from middleware.admission.degradation import TierLevels, load_score
 from middleware.admission.priority import check_priority, engine_priority
 from middleware.dedup.cache import DedupLayer
 from middleware.errors import service_unavailable
 from middleware.generation import Generation, GenerationLayer, Handler, chain
+from middleware.rate_limit.concurrency import ConcurrencyLayer
 from middleware.rate_limit.tokens import TokenLayer
 from models.async_engine import AsyncEngine
 from models.outputs import OutputSource
@@ -71,14 +72,17 @@ def build_pipeline(settings: Settings, state: ServerState, engine: AsyncEngine) 
     `state.admission` (the door's queue check and the metrics read it)."""
     core = engine.core
     degradation = settings.degradation
+    tiers = {0, *(settings.keys.priority_tiers().values() if settings.keys is not None else ())}
     state.admission = admission = Admission(
         settings.admission,
-        Degrader(degradation, lambda: load_score(engine.load_snapshot(), degradation)),
+        TierLevels(degradation, lambda tier: load_score(engine.load_snapshot(tier), degradation), tiers=tiers),
         queue=lambda: (core.num_waiting, core.num_waiting_tokens),
         retry_after=lambda: engine.load_snapshot().queue_time_p90,
+        queue_of=engine.load.num_waiting_of,
     )
     canned = settings.admission.canned_reply
     layers: dict[str, GenerationLayer] = {
+        "concurrency_sequences": ConcurrencyLayer(),
         "admission": AdmissionLayer(admission),
         "rate_limit_tokens": TokenLayer(),
         "degraded_reply": DegradedReplyLayer(
@@ -97,7 +101,7 @@ def build_pipeline(settings: Settings, state: ServerState, engine: AsyncEngine) 
         generation.release_hold()
         sequences = [(prompt, params) for prompt in generation.prompts for params in generation.choice_params]
         try:
-            return engine.submit(sequences, priority=generation.priority, share=generation.share)
+            return engine.submit(sequences, priority=generation.priority, share=generation.share, tier=generation.tier)
         except RuntimeError as exc:
             log.warning("submit failed: %r", exc)  # the text is for the log, not the client
             raise service_unavailable("The engine is not available.", RETRY_AFTER_SECONDS) from exc

@@ -98,6 +98,7 @@ class Settings:
     dedup_scope: str = "key"
     max_queued_requests: int = _ADMISSION.max_queued_requests
     max_queued_tokens: int = _ADMISSION.max_queued_tokens
+    max_queue_share_per_key: float = _ADMISSION.max_queue_share_per_key
     max_request_tokens: int = 0
     max_request_output_tokens: int = 262_144
     max_queue_seconds: float = _SCHEDULER.max_queue_seconds
@@ -218,6 +219,7 @@ class Settings:
             degraded_max_prompt_tokens=self.degrade_max_prompt_tokens,
             canned_reply=self.canned_reply,
             shed_priority=self.shed_priority,
+            max_queue_share_per_key=self.max_queue_share_per_key,
         )
         object.__setattr__(self, "admission", admission)
         # A KeysFileError (a ValueError) names the file, the key and the field.

@@ -18,7 +18,7 @@ from middleware.admission.admission import Admission
 from middleware.dedup.cache import DedupCache
 from middleware.edge.auth_failures import AuthFailures
 from middleware.errors import OpenAIError, service_unavailable
-from middleware.generation import Handler
+from middleware.generation import Handler, key_share_of
 from middleware.idempotency.asgi import IdempotencyCounts
 from middleware.rate_limit.buckets import TokenBuckets
 from middleware.rate_limit.concurrency import ConcurrencyCounts
@@ -120,7 +120,7 @@ async def refuse_when_queue_full(request: Request) -> None:
     Admission checks the bound again, with the prompt's tokens, once the request is parsed."""
     admission = request.app.state.surge.admission
     if admission is not None:
-        admission.check_queue()
+        admission.check_queue(1, key_share_of(request.scope))
 
 
 async def generation_inputs(

@@ -41,8 +41,9 @@ DOOR: tuple[str, ...] = (
     # as an idempotent result and a retry runs again (rate_limit/asgi.py). Tokens are reserved
     # after parse, where the cost is known; this layer adds the x-ratelimit headers.
     "rate_limit",
-    # Concurrent requests per API key (when a limit is set): a key's burst cannot take the whole
-    # queue; 429 outside idempotency for the same reason as above (rate_limit/concurrency.py).
+    # Concurrent sequences per API key (when a limit is set): a key at its limit gets a 429 before its
+    # body is read, so its burst cannot take the whole queue; outside idempotency for the same reason
+    # as above (rate_limit/concurrency.py). Its sequences are counted after parse.
     "concurrency",
     # Idempotency keys: replays and 409s never reach the model; only completed responses are
     # stored. Always on: without an Idempotency-Key header a request passes at no cost
@@ -51,7 +52,11 @@ DOOR: tuple[str, ...] = (
 )
 
 AFTER_PARSE: tuple[str, ...] = (
-    # Admission: queue bounds, shedding and the degradation level, 503s before anything is spent;
+    # Concurrent sequences per API key: the request's place at the door grows to its prompts x n, a
+    # 429 past the key's limit; first, as the cheapest refusal and the key's own (rate_limit/concurrency.py).
+    "concurrency_sequences",
+    # Admission: queue bounds (and each key's share of them), shedding and the request's tier's
+    # degradation level, 503s (429 past a key's share) before anything is spent;
     # degrades the sampling parameters (logprobs, max_tokens) every later layer sees
     # (admission/admission.py).
     "admission",

@@ -54,17 +54,30 @@ class Generation:
 
     @property
     def share(self) -> str:
+        """Whose share of the engine's queue the request takes (its sequences interleave with other
+        shares' within a priority level): its API key, else its client's address."""
         return share_of(self.scope)
+
+    @property
+    def key_share(self) -> str | None:
+        """Its share when it has an API key: what the per-key share of the queue bound counts."""
+        return key_share_of(self.scope)
 
 
 def share_of(scope: Scope) -> str:
-    """Whose share of the engine's queue a request takes (its sequences interleave with other
-    shares' within a priority level): its API key, else its client's address."""
-    api_key: str | None = scope.get("state", {}).get("api_key")
-    if api_key is not None:
-        return "key:" + api_key
+    """A request's share of the queue: its API key, else its client's address."""
+    key = key_share_of(scope)
+    if key is not None:
+        return key
     client = scope.get("client")
     return "addr:" + (str(client[0]) if client else "")
+
+
+def key_share_of(scope: Scope) -> str | None:
+    """A request's share of the queue if it has an API key; None without one (auth off: every caller
+    is one tenant, often behind one address, so no share of its own is bounded)."""
+    api_key: str | None = scope.get("state", {}).get("api_key")
+    return None if api_key is None else "key:" + api_key
 
 
 Handler = Callable[[Generation], Awaitable[OutputSource]]

@@ -11,7 +11,8 @@ A YAML or JSON mapping from key to settings (or to nothing):
 `tier` is a priority tier for load shedding (lower = more important; 0 without one);
 `min_priority` (0 or negative, default 0) is the lowest body `priority` the key may send, to run
 ahead of its tier's ordinary requests (middleware/admission/priority.py); `max_concurrent`
-overrides `--max-concurrent-per-key` (0 = no limit). Every key in the file is a
+(sequences in flight: prompts x n of each request) overrides `--max-concurrent-per-key` (0 = no
+limit). Every key in the file is a
 valid API key. The file is checked once at start-up; any problem is a `KeysFileError` that
 names the file, the key and the field. Must not know `app/`.
 """
@@ -41,7 +42,7 @@ class KeyEntry:
     tpm: int | None = None  # None: the server-wide --rate-limit-tpm
     tier: int | None = None  # None: no tier of its own
     min_priority: int = 0  # the lowest body priority the key may send
-    max_concurrent: int | None = None  # requests in flight; None: --max-concurrent-per-key; 0: no limit
+    max_concurrent: int | None = None  # sequences in flight; None: --max-concurrent-per-key; 0: no limit
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Tiered degradation: a load score from the engine, mapped to a level with hysteresis.
+"""Tiered degradation: a load score per tier from the engine, mapped to a level with hysteresis.
 
     0 normal
     1 logprobs are not computed
@@ -7,17 +7,23 @@
     4 shed: 503 with Retry-After, lowest priority first
 
 The load score is the worst of several ratios, each 1.0 at its configured "busy" point:
-waiting requests / queue depth, queue-time p90 / queue seconds, TTFT p90 / TTFT seconds,
+waiting sequences / queue depth, queue-time p90 / queue seconds, TTFT p90 / TTFT seconds,
 error rate / error rate, and KV-cache use. Level k is entered when the score reaches the k-th
 threshold (at once: load rises fast), and left one level at a time only after the score has
 stayed below the current level's threshold for a whole cooldown window (load falls noisily).
+
+Every tier has its own level (`TierLevels`): its score is the worst of its own load and of the
+tiers above it (more important: lower numbers), never of the tiers below. So a low tier's surge
+degrades that tier, up to canned replies and shedding (which only ever apply to tiers at or past
+--shed-priority), and a more important tier is never degraded more than a less important one.
 Pure logic: the signal and the clock are injected.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from models.load_stats import LoadSnapshot
@@ -56,7 +62,7 @@ def load_score(snapshot: LoadSnapshot, config: DegradationConfig) -> float:
         snapshot.queue_time_p90 / config.queue_seconds,
         snapshot.ttft_p90 / config.ttft_seconds,
         snapshot.error_rate / config.error_rate,
-        snapshot.kv_usage,
+        snapshot.kv_usage if snapshot.bears_shared_load else 0.0,
     )
 
 
@@ -99,3 +105,42 @@ class Degrader:
                 self._calm_since = now  # the next step down needs its own calm window
         else:
             self._calm_since = None
+
+
+class TierLevels:
+    """A level per tier: one `Degrader` (its own hysteresis) per tier seen, each scoring the worst
+    of `signal(t)` over its tier and the tiers above it. `signal(tier)`: that tier's load score
+    from the samples of that tier and the tiers above it."""
+
+    def __init__(
+        self,
+        config: DegradationConfig,
+        signal: Callable[[int], float],
+        clock: Callable[[], float] = time.monotonic,
+        tiers: Iterable[int] = (0,),
+    ) -> None:
+        """`tiers`: the tiers known up front (the keys file's, and 0), reported from the start."""
+        self.config = config
+        self._signal = signal
+        self._clock = clock
+        self._degraders: dict[int, Degrader] = {}
+        for tier in tiers:
+            self._add(tier)
+
+    def level(self, tier: int) -> int:
+        """The level to apply to a request of `tier` arriving now."""
+        degrader = self._degraders.get(tier)
+        if degrader is None:  # tiers come from the keys file: a handful, added once each
+            degrader = self._add(tier)
+        return degrader.level()
+
+    def levels(self) -> dict[int, int]:
+        """Every known tier's level, most important first."""
+        return {tier: self.level(tier) for tier in sorted(self._degraders)}
+
+    def _add(self, tier: int) -> Degrader:
+        degrader = self._degraders[tier] = Degrader(self.config, functools.partial(self._score, tier), self._clock)
+        return degrader
+
+    def _score(self, tier: int) -> float:
+        return max(self._signal(t) for t in self._degraders if t <= tier)

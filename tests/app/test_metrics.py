@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.metrics import ServerCollector
 from app.settings import Settings
 from app.state import ServerState
-from middleware.admission.degradation import DegradationConfig, Degrader
+from middleware.admission.degradation import DegradationConfig, TierLevels
 from models import gpu
 from tests.live_server import MODEL_NAME, LiveServer, running_server
 
@@ -251,18 +251,18 @@ def test_gauges_count_the_queue_and_return_to_idle_after_queue_full_503(live: Li
 def test_gauges_return_to_idle_after_shedding_and_show_the_level(live: LiveServer) -> None:
     admission = live.state.admission
     assert admission is not None
-    original = admission.degrader
-    admission.degrader = Degrader(DegradationConfig(refresh_seconds=0.0), lambda: 100.0)
+    original = admission.levels
+    admission.levels = TierLevels(DegradationConfig(refresh_seconds=0.0), lambda tier: 100.0)
     try:
         before = Scrape(live)
-        assert before.value("surge_degradation_level") == 4
+        assert before.value("surge_degradation_level", tier="0") == 4
         assert chat(live, max_tokens=3).status_code == 503
         after = Scrape(live)
         assert after.value("surge_shed_requests_total", reason="load") == (
             before.value("surge_shed_requests_total", reason="load") + 1
         )
     finally:
-        admission.degrader = original
+        admission.levels = original
     assert_idle(live)
 
 

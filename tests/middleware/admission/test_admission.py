@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from middleware.admission.degradation import DegradationConfig, Degrader
+from middleware.admission.degradation import DegradationConfig, TierLevels
 from tests.live_server import MODEL_NAME, LiveServer, running_server
 from tests.openai_wire import assert_openai
 
@@ -86,7 +86,7 @@ def degradable(
         # The load signal is synthetic; everything downstream of it is the real server.
         score = [0.0]
         assert live.state.admission is not None
-        live.state.admission.degrader = Degrader(DegradationConfig(refresh_seconds=0.0), lambda: score[0])
+        live.state.admission.levels = TierLevels(DegradationConfig(refresh_seconds=0.0), lambda tier: score[0])
         yield live, score
 
 
@@ -152,8 +152,8 @@ def test_level_3_never_hands_the_canned_text_to_a_format_request(degradable: tup
         "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
     }
     score[0] = 0.0
-    assert live.state.admission is not None  # a fresh degrader: no hysteresis from earlier tests
-    live.state.admission.degrader = Degrader(DegradationConfig(refresh_seconds=0.0), lambda: score[0])
+    assert live.state.admission is not None  # fresh levels: no hysteresis from earlier tests
+    live.state.admission.levels = TierLevels(DegradationConfig(refresh_seconds=0.0), lambda tier: score[0])
     generated = chat(live, **formatted)  # a seeded reply the dedup cache keeps
     assert generated.status_code == 200
     score[0] = 4.0
@@ -220,13 +220,13 @@ def test_canned_replies_are_not_stored_for_an_idempotency_key(degradable: tuple[
     headers = {"Idempotency-Key": "canned-then-real", "authorization": f"Bearer {PLAIN}"}
     body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 3}
     score[0] = 4.0
-    assert live.state.admission is not None  # a fresh degrader: no hysteresis from earlier tests
-    live.state.admission.degrader = Degrader(DegradationConfig(refresh_seconds=0.0), lambda: score[0])
+    assert live.state.admission is not None  # fresh levels: no hysteresis from earlier tests
+    live.state.admission.levels = TierLevels(DegradationConfig(refresh_seconds=0.0), lambda tier: score[0])
     canned = httpx.post(f"{live.url}/v1/chat/completions", json=body, headers=headers)
     assert canned.headers["x-surge-degraded"] == "3"
     score[0] = 0.0
-    assert live.state.admission is not None  # a fresh degrader: no hysteresis from level 3
-    live.state.admission.degrader = Degrader(DegradationConfig(refresh_seconds=0.0), lambda: score[0])
+    assert live.state.admission is not None  # fresh levels: no hysteresis from level 3
+    live.state.admission.levels = TierLevels(DegradationConfig(refresh_seconds=0.0), lambda tier: score[0])
     retry = httpx.post(f"{live.url}/v1/chat/completions", json=body, headers=headers)
     assert "idempotent-replayed" not in retry.headers
     assert retry.json()["choices"][0]["message"]["content"] != live.state.settings.canned_reply

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -110,4 +111,46 @@ def test_a_fan_out_request_counts_every_sequence_against_the_bound(tiny_model_di
         # An empty queue takes the whole request, whatever the bound: it never waits for room forever.
         assert live.engine.core.num_waiting == 0
         assert len(httpx.post(url, json={**fan_out, "n": 4}).json()["choices"]) == 8
+        live.wait_idle()
+
+
+def test_one_keys_fan_out_cannot_fill_the_queue_bound(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The attack (issue 34): with per-key limits counting requests, one key's fan-out requests took
+    the queue's places eight at a time until the bound was full, and every other key got 503s. A
+    key now holds at most --max-queue-share-per-key of the bound (a 429 past it, its own volume);
+    another key is still admitted."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"sk-fan-out": None, "sk-other": None}))
+    settings = {
+        "max_model_len": 2048,
+        "max_num_seqs": 1,
+        "max_queued_requests": 16,  # the share: 8 places per key
+        "keys_file": str(keys),
+        "degrade_thresholds": "",  # what is tested is the bound, not degradation
+    }
+    with running_server(tiny_model_dir, **settings) as live:  # type: ignore[arg-type]
+        url = f"{live.url}/v1/completions"
+        eight = {"model": MODEL_NAME, "prompt": ["a", "b"], "n": 4, "max_tokens": 1500, "ignore_eos": True}
+
+        def status(key: str, **body: object) -> tuple[int, httpx.Headers, bytes]:
+            """The answer to a streamed request: its status at once (a queued stream opens at admission)."""
+            auth = {"authorization": f"Bearer {key}"}
+            with httpx.stream("POST", url, json={**body, "stream": True}, headers=auth, timeout=60) as response:
+                body_bytes = response.read() if response.status_code != 200 else b""
+                return response.status_code, response.headers, body_bytes  # leaving aborts it
+
+        with httpx.stream(
+            "POST", url, json={**eight, "stream": True}, headers={"authorization": "Bearer sk-fan-out"}, timeout=60
+        ) as first:
+            assert first.status_code == 200
+            lines = first.iter_lines()  # kept: a dropped iterator closes the response
+            next(lines)
+            assert live.engine.core.num_waiting == 7  # one runs, seven wait
+            code, headers, body = status("sk-fan-out", **eight)  # 7 + 8 of the key's own: past its 8
+            assert code == 429, body
+            assert headers["retry-after"]
+            message = json.loads(body)["error"]["message"]
+            assert "7 sequences waiting and this request adds 8" in message and "8 of 16" in message
+            code, _, body = status("sk-other", **eight)  # another key finds its room
+            assert code == 200, body
         live.wait_idle()

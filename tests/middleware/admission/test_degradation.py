@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from middleware.admission.degradation import DegradationConfig, Degrader, load_score
+from middleware.admission.degradation import DegradationConfig, Degrader, TierLevels, load_score
 from models.load_stats import LoadSnapshot
 
 
@@ -102,3 +102,29 @@ def test_load_score_is_the_worst_ratio() -> None:
 def test_bad_thresholds_are_rejected(thresholds: tuple[float, ...]) -> None:
     with pytest.raises(ValueError):
         DegradationConfig(thresholds=thresholds)
+
+
+def test_a_low_tiers_load_never_degrades_a_more_important_tier() -> None:
+    """The attack (issue 34): one tier-2 fan-out request drove the one server-wide level to 4, and
+    tier-0 requests lost logprobs and were clamped or shed. Each tier now has its own level, from
+    its own load and the more important tiers'."""
+    clock = Clock()
+    scores = {0: 0.0, 2: 9.0}
+    config = DegradationConfig(cooldown_seconds=10.0, refresh_seconds=0.0)
+    levels = TierLevels(config, lambda tier: scores.get(tier, 0.0), clock, tiers=(0, 2))
+    assert levels.levels() == {0: 0, 2: 4}
+    assert levels.level(1) == 0  # a tier seen later: tier 0's load is all it sees
+    scores[0] = 2.0  # tier 0's own load degrades every tier below it too
+    assert levels.levels() == {0: 2, 1: 2, 2: 4}
+    scores.update({0: 0.0, 2: 0.0})
+    clock.now = 10.0
+    assert levels.levels() == {0: 2, 1: 2, 2: 4}  # calm starts now, each tier on its own hysteresis
+    clock.now = 20.0
+    assert levels.levels() == {0: 1, 1: 1, 2: 3}
+
+
+def test_the_kv_cache_counts_only_for_the_tier_that_bears_the_shared_load() -> None:
+    config = DegradationConfig()
+    snap = LoadSnapshot(0, 4, 4, 0.0, 0.0, 0.0, kv_usage=1.0, num_waiting_tokens=0)
+    assert load_score(snap, config) == 1.0
+    assert load_score(LoadSnapshot(0, 4, 4, 0.0, 0.0, 0.0, 1.0, 0, bears_shared_load=False), config) == 0.0

@@ -57,3 +57,43 @@ def test_one_keys_burst_cannot_take_every_place(tiny_model_dir: Path, tmp_path: 
             metrics = client.get(f"{live.url}/metrics").text
             assert f'surge_rate_limited_requests_total{{bucket="concurrency",model="{MODEL_NAME}"}} 1.0' in metrics
         live.wait_idle()
+
+
+def test_one_keys_fan_out_counts_every_sequence_against_its_limit(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The attack (issue 34): --max-concurrent-per-key counted requests, so one request of 16 prompts
+    x n 16 was one of a key's places while it took 224 of the queue's 256. The limit now counts
+    sequences: past it a 429 that names the numbers; a request larger than the whole limit a 429
+    without Retry-After (waiting cannot help)."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"sk-fan-out": None, "sk-other": None}))
+    settings = {
+        "max_model_len": 2048,
+        "max_num_seqs": 8,
+        "keys_file": str(keys),
+        "max_concurrent_per_key": 8,
+        "degrade_thresholds": "",
+    }
+    with running_server(tiny_model_dir, **settings) as live:  # type: ignore[arg-type]
+        url = f"{live.url}/v1/completions"
+        six = {"model": MODEL_NAME, "prompt": ["a", "b"], "n": 3, "max_tokens": 1500, "ignore_eos": True}
+
+        def post(key: str, **body: object) -> httpx.Response:
+            return httpx.post(url, json=body, headers={"authorization": f"Bearer {key}"}, timeout=60)
+
+        with httpx.stream(
+            "POST", url, json={**six, "stream": True}, headers={"authorization": "Bearer sk-fan-out"}, timeout=60
+        ) as running:
+            lines = running.iter_lines()  # kept: a dropped iterator closes the response
+            next(lines)
+            short = {**six, "max_tokens": 1}
+            past = post("sk-fan-out", **{**short, "n": 1, "prompt": ["a", "b", "c"]})  # 6 + 3 > 8
+            assert past.status_code == 429 and past.headers["retry-after"] == "1"
+            message = past.json()["error"]["message"]
+            assert "6 sequences in flight and this request adds 3; its limit is 8" in message
+            fits = post("sk-fan-out", **{**short, "n": 2, "prompt": "a"})  # 6 + 2: at the limit
+            assert fits.status_code == 200 and len(fits.json()["choices"]) == 2
+            assert post("sk-other", **short).status_code == 200  # another key has its own 8
+        too_large = post("sk-fan-out", **{**short, "n": 9, "prompt": "a"})  # more than the whole limit
+        assert too_large.status_code == 429 and "retry-after" not in too_large.headers
+        assert "9 sequences (prompts x n), more than this API key's limit of 8" in too_large.json()["error"]["message"]
+        live.wait_idle()

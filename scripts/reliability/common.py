@@ -138,7 +138,8 @@ class MetricsSampler:
             time.perf_counter() - self.t0,
             metrics.get("surge_requests_waiting", 0.0),
             metrics.get("surge_requests_running", 0.0),
-            metrics.get("surge_degradation_level", 0.0),
+            # One series per tier: the most degraded tier's (the bare name is their sum).
+            max((v for k, v in metrics.items() if k.startswith("surge_degradation_level{")), default=0.0),
             metrics,
         )
         self.samples.append(sample)

@@ -141,10 +141,11 @@ def test_a_grammar_failure_mid_generation_is_a_400_not_a_server_error(
     """600 optional properties compile, and the first mask after `{` overflows the matcher: with
     n = 16, twice, that was 32 server errors, an error rate of 1.0 and canned replies for every
     tenant. Now the client gets a 400 (an error event once a stream is open), and nothing
-    counts as a server error."""
+    counts as a server error: not after 23 such requests either (the error rate counts from 20)."""
     body = {"model": MODEL_NAME, "messages": USER, "response_format": response_format(optional(600)), "n": 16}
     with running_server(tiny_model_dir, max_model_len=512, max_num_seqs=16) as live:
-        for _ in range(2):
+        for n in (16, 16, *[1] * 20):
+            body["n"] = n
             response = httpx.post(f"{live.url}/v1/chat/completions", json=body | {"max_tokens": 8}, timeout=60)
             assert response.status_code == 400, response.text
             error = response.json()["error"]
@@ -156,9 +157,9 @@ def test_a_grammar_failure_mid_generation_is_a_400_not_a_server_error(
         assert json.loads(events[-2])["error"]["type"] == "invalid_request_error"
         live.wait_idle()
         assert live.engine.load_snapshot().error_rate == 0.0
-        assert live.state.admission is not None and live.state.admission.degrader.level() == 0
+        assert live.state.admission is not None and max(live.state.admission.levels.levels().values(), default=0) == 0
         scrape = Scrape(live)
-        assert scrape.value("surge_requests_finished_total", finish_reason="invalid") == 33
+        assert scrape.value("surge_requests_finished_total", finish_reason="invalid") == 2 * 16 + 20 + 1
         assert scrape.value("surge_requests_finished_total", finish_reason="error") == 0
 
 

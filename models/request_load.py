@@ -100,18 +100,18 @@ class RequestTrack:
         if self.is_ended:
             return
         load, tier = self._load, self.tier
-        now = load.clock()
+        # Per token of every stream: the common case (a later token) reads no clock and takes no lock.
         if output.request_id not in self._started:
             self._started.add(output.request_id)
             _add(load._num_waiting_by_tier, tier, -1)
             _add(load._num_waiting_by_share, self.share, -1)
             if len(self._started) == 1:  # the request's first output: one queue-time sample
                 self._stop_waiting()
-                wait = output.queue_time if output.queue_time is not None else now - self.arrived
+                wait = output.queue_time if output.queue_time is not None else load.clock() - self.arrived
                 load.stats.record_queue_time(wait, tier)
         if output.token_ids and not self._has_token:
             self._has_token = True
-            load.stats.record_ttft(now - self.arrived, tier)
+            load.stats.record_ttft(load.clock() - self.arrived, tier)
         if output.finished:
             self._num_finished += 1
             self._has_failed |= output.finish_reason is FinishReason.ERROR

@@ -1,6 +1,8 @@
 """The door's ASGI stack, built from `middleware.DOOR`: each name's middleware, configured from the
 settings, in that order (the order and its reasons are middleware/__init__.py's). A layer that is off
-(no CORS origins, no rate limit) is left out of the stack rather than passed through."""
+(no CORS origins, no rate limit) is left out of the stack rather than passed through. With a keys
+file, the per-key layers read the keys from `state.keys`, which a reload replaces, and stay in the
+stack even with no limit yet: a reload may bring one."""
 
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ from middleware.idempotency.store import TenantQuota
 from middleware.rate_limit.asgi import RateLimitMiddleware
 from middleware.rate_limit.buckets import InProcessBuckets, RedisBuckets
 from middleware.rate_limit.concurrency import ConcurrencyMiddleware
-from middleware.rate_limit.limits import Limits, per_key_limits
 
 Entry = tuple[type, dict[str, object]]
 
@@ -39,7 +40,7 @@ def install_door_layers(app: FastAPI, settings: Settings, state: ServerState, ht
             DrainingMiddleware,
             {"is_draining": lambda: state.is_shutting_down, "retry_after_seconds": RETRY_AFTER_SECONDS},
         ),
-        "auth": lambda: (ApiKeyMiddleware, {**_auth_options(settings), "failures": state.auth_failures}),
+        "auth": lambda: (ApiKeyMiddleware, {"ring": state.keys, "failures": state.auth_failures}),
         "body_limit": lambda: (BodyLimitMiddleware, {"max_body_bytes": settings.max_body_bytes or state.body_limit}),
         "rate_limit": lambda: _rate_limit(settings, state),
         "concurrency": lambda: _concurrency(settings, state),
@@ -82,41 +83,27 @@ def _cors(settings: Settings) -> Entry | None:
 def _allowed_hosts(settings: Settings) -> Entry | None:
     """The Host check, while auth is off and `--allowed-host '*'` is not given. The name surge is
     bound to (`--host surge.lan`) is allowed too; an address needs no entry."""
-    if settings.api_key or settings.keys is not None or ANY_HOST in settings.allowed_host:
+    if settings.is_auth_on or ANY_HOST in settings.allowed_host:
         return None
     return AllowedHostsMiddleware, {"allowed_hosts": (*settings.allowed_host, settings.host)}
 
 
-def _auth_options(settings: Settings) -> dict[str, object]:
-    """--api-key values and the keys of --keys-file are all accepted keys."""
-    keys = settings.keys
-    if keys is None:
-        return {"api_keys": settings.api_key}
-    return {
-        "api_keys": (*settings.api_key, *keys.keys),
-        "priority_tiers": keys.priority_tiers(),
-        "min_priorities": keys.min_priorities(),
-    }
-
-
 def _concurrency(settings: Settings, state: ServerState) -> Entry | None:
-    """The per-key concurrency layer, when --max-concurrent-per-key or a key's max_concurrent is set."""
-    key_limits = settings.keys.concurrency_limits() if settings.keys is not None else {}
-    if not settings.max_concurrent_per_key and not any(key_limits.values()):
+    """The per-key concurrency layer, when --max-concurrent-per-key or a keys file is set."""
+    if not settings.max_concurrent_per_key and not settings.keys_file:
         return None
-    options = {"default_limit": settings.max_concurrent_per_key, "key_limits": key_limits}
+    options = {"default_limit": settings.max_concurrent_per_key, "ring": state.keys}
     return ConcurrencyMiddleware, {**options, "counts": state.concurrency_counts}
 
 
 def _rate_limit(settings: Settings, state: ServerState) -> Entry | None:
-    """The requests-bucket layer, when --rate-limit-rpm / --rate-limit-tpm or the keys file set a limit."""
-    limits = Limits(settings.rate_limit_rpm, settings.rate_limit_tpm)
-    key_limits = per_key_limits(settings.keys, limits) if settings.keys is not None else {}
-    if not limits.is_limited and not any(key.is_limited for key in key_limits.values()):
+    """The requests-bucket layer, when --rate-limit-rpm / --rate-limit-tpm or a keys file is set."""
+    limits = settings.rate_limits
+    if not limits.is_limited and not settings.keys_file:
         return None
     if state.redis is None:
         state.rate_limits = InProcessBuckets()
     else:
         state.rate_limits = RedisBuckets(state.redis, fallback_share=settings.rate_limit_replicas)
-    options: dict[str, object] = {"buckets": state.rate_limits, "limits": limits, "key_limits": key_limits}
+    options: dict[str, object] = {"buckets": state.rate_limits, "limits": limits, "ring": state.keys}
     return RateLimitMiddleware, {**options, "counts": state.rate_limit_counts}

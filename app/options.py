@@ -227,6 +227,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("keys_file", str, "YAML or JSON file of API keys with per-key limits and priority tier"),
     Option(
+        "keys_file_reload_seconds",
+        float,
+        "how often the keys file is looked at: reloaded when what its path names has changed (inode, size,"
+        " modification time; a Secret volume's symlink swap included), as on SIGHUP; a file that does not parse"
+        " keeps the keys in use (an ERROR); 0 = on SIGHUP only",
+    ),
+    Option(
         "rate_limit_replicas",
         int,
         "replicas sharing the limits through Redis; while Redis is unreachable each enforces 1/N of them",

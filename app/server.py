@@ -2,7 +2,8 @@
 
 The lifespan owns every long-lived object. The model loads in the background so the port
 opens at once: `/health` answers while loading, `/ready` and the API answer 503 until the
-engine is warm. If loading fails the server exits non-zero rather than serving nothing.
+engine is warm. If loading fails the server exits non-zero rather than serving nothing. The
+lifespan also runs the keys file's reloads (app/keys_reload.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from app.diagnostics import engine_process_init, install_tracemalloc
 from app.door import install_door_layers
 from app.errors import install_error_handlers
 from app.http_protocol import bounded_protocol
+from app.keys_reload import reloading_keys
 from app.metrics import install_metrics
 from app.pipeline import build_pipeline
 from app.reasoning import template_reasons
@@ -31,6 +33,7 @@ from app.state import ServerState
 from app.tools.formats import format_for
 from middleware.dedup.cache import DedupCache
 from middleware.edge.auth_failures import AuthFailures
+from middleware.key_ring import KeyRing, KeySet, KeysFileWatcher
 from middleware.redis import RedisBackend
 from models.async_engine import AsyncEngine
 from models.engine_spawn import SpawnedEngine
@@ -52,6 +55,7 @@ def create_app(
         auth_failures=AuthFailures(settings.auth_failures_per_minute),
         connections=Connections(settings.max_connections, settings.max_connections_per_address),
     )
+    state.keys = KeyRing(KeySet.from_file(settings.api_key, settings.keys, settings.rate_limits))
     state.redis = _redis(settings, settings.redis_url)
     state.redis_cache = state.redis
     if settings.redis_cache_url and settings.redis_cache_url != settings.redis_url:
@@ -90,9 +94,15 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        watcher = None
+        if settings.keys_file:
+            watcher = KeysFileWatcher(
+                state.keys, settings.keys_file, api_keys=settings.api_key, default_limits=settings.rate_limits
+            )
         loader = asyncio.create_task(load())
         try:
-            yield
+            async with reloading_keys(watcher, settings.keys_file_reload_seconds):
+                yield
         finally:
             state.is_shutting_down = True
             loader.cancel()
@@ -123,7 +133,7 @@ def _redis(settings: Settings, url: str) -> RedisBackend | None:
 def warn_if_open(settings: Settings) -> None:
     """A WARNING when anyone who can reach the address may use the server (auth off, not loopback)."""
     is_loopback = settings.host in ("localhost", "::1") or settings.host.startswith("127.")
-    if not is_loopback and not settings.api_key and settings.keys is None:
+    if not is_loopback and not settings.is_auth_on:
         names = (
             "; requests by a host name other than localhost or an --allowed-host one get a 421"
             if "*" not in settings.allowed_host

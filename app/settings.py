@@ -21,6 +21,7 @@ from middleware.edge.allowed_hosts import check_allowed_host
 from middleware.idempotency.asgi import DEFAULT_MAX_STORED_BYTES
 from middleware.idempotency.store import TenantQuota
 from middleware.keys_file import KeysFile, load_keys_file
+from middleware.rate_limit.limits import Limits
 from models.config import AUTO_THREADS, EngineConfig, ModelConfig, SchedulerConfig
 
 # Each default lives once, on the config object that uses it; the settings take it from there.
@@ -88,6 +89,8 @@ class Settings:
     rate_limit_rpm: int = 0
     rate_limit_tpm: int = 0
     keys_file: str = ""
+    # A Secret volume's update reaches the pod within a minute or so; a few seconds more is noise.
+    keys_file_reload_seconds: float = 5.0
     rate_limit_replicas: int = 1
     idempotency_ttl_seconds: float = 86400.0
     idempotency_lease_seconds: float = 30.0
@@ -121,6 +124,8 @@ class Settings:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError("port must be between 1 and 65535")
+        if self.keys_file_reload_seconds < 0:
+            raise ValueError("keys_file_reload_seconds must be 0 (on SIGHUP only) or positive")
         if self.max_body_bytes != 0 and self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be 0 (derived) or at least 1024")
         if self.body_timeout_seconds <= 0:
@@ -230,6 +235,15 @@ class Settings:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+    @property
+    def is_auth_on(self) -> bool:
+        return bool(self.api_key) or self.keys is not None
+
+    @property
+    def rate_limits(self) -> Limits:
+        """The server-wide limits: every key's that the keys file does not set."""
+        return Limits(self.rate_limit_rpm, self.rate_limit_tpm)
 
 
 def _read_template(path: str) -> str:

@@ -20,6 +20,7 @@ from middleware.edge.auth_failures import AuthFailures
 from middleware.errors import OpenAIError, service_unavailable
 from middleware.generation import Handler, key_share_of
 from middleware.idempotency.asgi import IdempotencyCounts
+from middleware.key_ring import KeyRing, KeySet
 from middleware.rate_limit.buckets import TokenBuckets
 from middleware.rate_limit.concurrency import ConcurrencyCounts
 from middleware.rate_limit.limits import RateLimitCounts
@@ -36,6 +37,8 @@ RETRY_AFTER_SECONDS = 5.0
 @dataclass(slots=True)
 class ServerState:
     settings: Settings
+    # The accepted API keys in force (none: auth off); a reload of the keys file replaces its set.
+    keys: KeyRing = field(default_factory=lambda: KeyRing(KeySet()))
     engine: AsyncEngine | None = None
     redis: RedisBackend | None = None  # set when --redis-url is given: the rate-limit buckets
     # Idempotency keys and dedup results: --redis-cache-url's Redis, else the same as `redis`.

@@ -11,8 +11,9 @@ per-iteration hook sends what one loop iteration produced as one `StepReport`. O
 travel in it too; the server replays them into its metrics and load figures, so models/ still
 imports no metrics library.
 
-The child ignores SIGINT and SIGTERM: a Ctrl-C in a terminal reaches the whole process
-group, and the server, not the signal, decides when the engine stops (after draining).
+The child ignores SIGINT, SIGTERM and SIGHUP: a Ctrl-C in a terminal reaches the whole process
+group, and the server, not the signal, decides when the engine stops (after draining); SIGHUP is
+the server's "reload the keys file", and one sent to the group must not end the engine.
 The child exits on `StopEngine` or when the server's end of the pipe closes (the server died).
 """
 
@@ -153,6 +154,7 @@ def serve_engine(
     faulthandler.enable()  # a native crash leaves its threads' stacks on stderr (the server's)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if config.nice:
         # Before any thread starts: Linux nice values are per thread, and new threads inherit it.
         os.nice(config.nice)

@@ -12,6 +12,10 @@ Rules, in order:
 An authenticated request carries its key in `scope["state"]["api_key"]`, its priority tier
 (from `--keys-file`, lower = more important) in `scope["state"]["priority_tier"]` when it has one,
 and the lowest body priority it may send in `scope["state"]["min_priority"]` when that is below 0.
+
+The keys are fixed (`api_keys`, ...) or a `KeyRing` whose set a reload of the keys file replaces
+(middleware/key_ring.py): each request reads the set in force once, so a removed key is refused
+from the next request on.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from middleware.edge.auth_failures import AuthFailures
 from middleware.errors import error_json, send_error
+from middleware.key_ring import KeyRing, KeySet
 
 DEFAULT_OPEN_PATHS = ("/health", "/ready", "/metrics")
 
@@ -40,33 +45,32 @@ class ApiKeyMiddleware:
         self,
         app: ASGIApp,
         *,
-        api_keys: Sequence[str],
+        api_keys: Sequence[str] = (),
         open_paths: Collection[str] = DEFAULT_OPEN_PATHS,
         priority_tiers: Mapping[str, int] | None = None,
         min_priorities: Mapping[str, int] | None = None,
         failures: AuthFailures | None = None,
+        ring: KeyRing | None = None,
     ) -> None:
-        """failures: where failed attempts are counted and throttled per client address."""
-        for key in api_keys:
-            if not isinstance(key, str) or not key.strip():
-                raise ValueError("API keys must be non-empty strings")
+        """failures: where failed attempts are counted and throttled per client address; ring: the
+        keys in force, instead of `api_keys`, `priority_tiers` and `min_priorities`."""
+        if ring is None:
+            ring = KeyRing(KeySet.of(api_keys, priority_tiers, min_priorities))
+        elif api_keys or priority_tiers or min_priorities:
+            raise ValueError("give the keys or a key ring, not both")
         self.app = app
-        # Kept as bytes: the header arrives as bytes, and compare_digest needs equal types.
-        self._keys = tuple(dict.fromkeys(key.encode() for key in api_keys))
+        self._ring = ring
         self._open_paths = frozenset(open_paths)
         self._failures = failures if failures is not None else AuthFailures(0)
-        self._tiers = {key.encode(): tier for key, tier in (priority_tiers or {}).items()}
-        self._min_priorities = {key.encode(): floor for key, floor in (min_priorities or {}).items()}
-        if not set(self._tiers) | set(self._min_priorities) <= set(self._keys):
-            raise ValueError("every key with a priority tier or min_priority must be an accepted API key")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self._keys or self._is_exempt(scope):
+        keys = self._ring.current  # once: this request sees one set, whatever a reload does meanwhile
+        if scope["type"] != "http" or not keys.keys or self._is_exempt(scope):
             await self.app(scope, receive, send)
             return
 
         presented = _bearer_token(scope)
-        matched = self._match(presented) if presented is not None else None
+        matched = _match(keys.keys, presented) if presented is not None else None
         if matched is None:
             address = (scope.get("client") or ("unknown", 0))[0]
             failures = self._failures
@@ -78,9 +82,9 @@ class ApiKeyMiddleware:
             return
         state = scope.setdefault("state", {})
         state["api_key"] = matched.decode()
-        if (tier := self._tiers.get(matched)) is not None:
+        if (tier := keys.tiers.get(matched)) is not None:
             state["priority_tier"] = tier
-        if (floor := self._min_priorities.get(matched)) is not None:
+        if (floor := keys.min_priorities.get(matched)) is not None:
             state["min_priority"] = floor
         await self.app(scope, receive, send)
 
@@ -93,14 +97,16 @@ class ApiKeyMiddleware:
             name == b"access-control-request-method" for name, _ in scope["headers"]
         )
 
-    def _match(self, presented: bytes) -> bytes | None:
-        # Compare against every key without stopping early, so timing reveals neither
-        # whether nor which key matched.
-        matched: bytes | None = None
-        for key in self._keys:
-            if hmac.compare_digest(presented, key):
-                matched = key
-        return matched
+
+def _match(keys: tuple[bytes, ...], presented: bytes) -> bytes | None:
+    # Compare against every key without stopping early, so timing reveals neither
+    # whether nor which key matched. Bytes: the header arrives as bytes, and compare_digest
+    # needs equal types.
+    matched: bytes | None = None
+    for key in keys:
+        if hmac.compare_digest(presented, key):
+            matched = key
+    return matched
 
 
 def _bearer_token(scope: Scope) -> bytes | None:

@@ -8,7 +8,9 @@ Headers are added at `http.response.start` only; body messages pass untouched, s
 nothing extra.
 
 The caller is its API key (which middleware/edge/auth.py puts in `scope["state"]`), or its client
-address when no keys are configured. Bucket names carry a hash of the key, never the key.
+address when no keys are configured. Bucket names carry a hash of the key, never the key. A key's
+own limits are fixed (`key_limits`) or read from a `KeyRing` per request, so a reload of the keys
+file applies from the next request on (middleware/key_ring.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Collection, Mapping
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from middleware.errors import send_error
+from middleware.key_ring import KeyRing
 from middleware.rate_limit.buckets import TokenBuckets
 from middleware.rate_limit.limits import Limits, RateLimitCounts, RateLimitExceeded, RequestLimits
 
@@ -36,11 +39,16 @@ class RateLimitMiddleware:
         key_limits: Mapping[str, Limits] | None = None,
         paths: Collection[str] = RATE_LIMITED_PATHS,
         counts: RateLimitCounts | None = None,
+        ring: KeyRing | None = None,
     ) -> None:
+        """ring: the keys in force, whose `rate_limits` replace `key_limits`."""
         for value in (limits, *(key_limits or {}).values()):
             if not isinstance(value, Limits):
                 raise TypeError("limits must be Limits instances")
+        if ring is not None and key_limits:
+            raise ValueError("give the key limits or a key ring, not both")
         self.app = app
+        self._ring = ring
         self._buckets = buckets
         self._limits = limits
         self._key_limits = dict(key_limits or {})
@@ -54,7 +62,8 @@ class RateLimitMiddleware:
             return
         state = scope.setdefault("state", {})
         api_key: str | None = state.get("api_key")
-        limits = self._limits if api_key is None else self._key_limits.get(api_key, self._limits)
+        key_limits = self._key_limits if self._ring is None else self._ring.current.rate_limits
+        limits = self._limits if api_key is None else key_limits.get(api_key, self._limits)
         if not limits.is_limited:
             await self.app(scope, receive, send)
             return

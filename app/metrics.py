@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Awaitable, Callable, Iterator
 
 from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -291,35 +292,68 @@ class ServerCollector(Collector):
             yield utilization
 
 
-def install_metrics(app: FastAPI, state: ServerState) -> tuple[EngineMetrics, tuple[type, dict[str, object]]]:
-    """Add `GET /metrics` and the server collector to `app`; return the engine's observer and
-    the HTTP metrics middleware entry for the app's middleware list."""
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def install_metrics(app: FastAPI, state: ServerState) -> tuple[EngineMetrics, tuple[type, dict[str, object]], Endpoint]:
+    """Add the server collector, and `GET /metrics` to `app` unless `--metrics-port` serves it; return
+    the engine's observer, the HTTP metrics middleware entry for the app's middleware list, and
+    the endpoint for the metrics port (app/metrics_port.py)."""
+    settings = state.settings
     registry = CollectorRegistry()
     registry.register(ServerCollector(state))
-    engine_metrics = EngineMetrics(registry, state.settings.model_name)
+    engine_metrics = EngineMetrics(registry, settings.model_name)
+    if not settings.metrics_port:
+        if settings.is_auth_on and not settings.metrics_key:
+            log.warning(
+                "API keys are set but neither --metrics-key nor --metrics-port: GET /metrics answers 403 on the"
+                " API port (it shows every tenant's traffic)"
+            )
+        endpoint = _endpoint(registry, state, is_api_port=True)
+        app.add_api_route("/metrics", endpoint, methods=["GET"], include_in_schema=False)
+    middleware = (
+        PrometheusInstrumentatorMiddleware,
+        # Exact statuses: 429 and 503 are what an operator looks for. Scrapes are not traffic.
+        {"should_group_status_codes": False, "excluded_handlers": ["^/metrics$"], "registry": registry},
+    )
+    return engine_metrics, middleware, _endpoint(registry, state, is_api_port=False)
+
+
+def _endpoint(registry: CollectorRegistry, state: ServerState, *, is_api_port: bool) -> Endpoint:
+    """GET /metrics. The metrics tell who is served how much and how fast (rates, errors, latencies,
+    grammars compiled): with --metrics-key they are for whoever holds it (Prometheus' `authorization`
+    setting), and a wrong key counts as a failed authentication of its address (throttled as API
+    keys are); without one, with API keys set, they are not for the API port, where the tenants are."""
+    settings, failures = state.settings, state.auth_failures
+    metrics_key = settings.metrics_key.encode()
+    is_closed = is_api_port and settings.is_auth_on and not metrics_key
 
     # NOTE: async on purpose: the collector runs on the event loop, like every other reader of
     # the degradation level (whose hysteresis a scrape advances), never in a worker thread.
-    metrics_key = state.settings.metrics_key.encode()
-
     async def metrics(request: Request) -> Response:
-        # The metrics tell who is served how much (rates, errors, queue depths): with
-        # --metrics-key they are for whoever holds it (Prometheus' `authorization` setting).
+        if is_closed:
+            message = (
+                "GET /metrics is closed on the API port while API keys are set: it shows every tenant's traffic."
+                " Set --metrics-key (sent as Authorization: Bearer <key>) or --metrics-port (a port of its own)."
+            )
+            body = error_json(message, type="invalid_request_error", code="metrics_closed")
+            return Response(body, status_code=403, media_type="application/json")
         presented = request.headers.get("authorization", "").encode()
         if metrics_key and not hmac.compare_digest(presented, b"Bearer " + metrics_key):
+            address = request.client.host if request.client is not None else "unknown"
+            if not failures.allows_attempt(address):
+                retry_after = str(max(1, math.ceil(failures.retry_after(address))))
+                message = "Too many failed authentications from this address; retry later."
+                body = error_json(message, type="invalid_request_error", code="rate_limit_exceeded")
+                return Response(body, 429, media_type="application/json", headers={"retry-after": retry_after})
+            failures.failed(address)
             message = "GET /metrics needs the metrics key (Authorization: Bearer <--metrics-key>)."
             body = error_json(message, type="invalid_request_error", code="invalid_api_key")
             headers = {"www-authenticate": "Bearer"}
             return Response(body, status_code=401, media_type="application/json", headers=headers)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
-    middleware = (
-        PrometheusInstrumentatorMiddleware,
-        # Exact statuses: 429 and 503 are what an operator looks for. Scrapes are not traffic.
-        {"should_group_status_codes": False, "excluded_handlers": ["^/metrics$"], "registry": registry},
-    )
-    return engine_metrics, middleware
+    return metrics
 
 
 def _connection_metrics(

@@ -118,7 +118,19 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("chat_template", str, "a Jinja chat template file used instead of the model's own; empty = the model's"),
     Option("api_key", str, "accepted Bearer key (repeatable); none = no auth", multiple=True),
-    Option("metrics_key", str, "Bearer key GET /metrics requires; empty = /metrics open (health and ready stay open)"),
+    Option(
+        "metrics_key",
+        str,
+        "Bearer key GET /metrics requires (on either port); empty = none: /metrics is open with auth off, and"
+        " with API keys set it is refused (403) on the API port, since it shows every tenant's traffic:"
+        " set this or --metrics-port. /health and /ready stay open",
+    ),
+    Option(
+        "metrics_port",
+        int,
+        "a port of its own, on --host, for GET /metrics, /health and /ready (Prometheus and the kubelet's"
+        " probes inside the cluster); /metrics then leaves the API port; 0 = /metrics on the API port",
+    ),
     Option(
         "auth_failures_per_minute", int, "failed authentications per client address and minute before 429s; 0 = off"
     ),

@@ -3,7 +3,8 @@
 The lifespan owns every long-lived object. The model loads in the background so the port
 opens at once: `/health` answers while loading, `/ready` and the API answer 503 until the
 engine is warm. If loading fails the server exits non-zero rather than serving nothing. The
-lifespan also runs the keys file's reloads (app/keys_reload.py).
+lifespan also runs the metrics port (`--metrics-port`, app/metrics_port.py) and the keys file's
+reloads (app/keys_reload.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from app.errors import install_error_handlers
 from app.http_protocol import bounded_protocol
 from app.keys_reload import reloading_keys
 from app.metrics import install_metrics
+from app.metrics_port import MetricsListener, metrics_app
 from app.pipeline import build_pipeline
 from app.reasoning import template_reasons
 from app.routes import router
@@ -94,6 +96,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # First: a metrics port that is taken fails the start-up before anything else starts.
+        listener = MetricsListener(metrics_app(state, scrape), settings) if settings.metrics_port else None
+        if listener is not None:
+            await listener.start()
         watcher = None
         if settings.keys_file:
             watcher = KeysFileWatcher(
@@ -111,6 +117,8 @@ def create_app(
                 await asyncio.to_thread(state.engine.stop)
             for backend in backends:
                 await backend.close()
+            if listener is not None:
+                await listener.stop()
 
     # NOTE: strict_content_type=False so `curl -d '{...}'` (sent as form-encoded) still parses as
     # JSON, as it does with OpenAI and vLLM.
@@ -118,7 +126,7 @@ def create_app(
     app.state.surge = state
     install_error_handlers(app)
     app.include_router(router)
-    engine_metrics, http_metrics = install_metrics(app, state)  # GET /metrics
+    engine_metrics, http_metrics, scrape = install_metrics(app, state)  # GET /metrics
 
     install_door_layers(app, settings, state, http_metrics)
     return app

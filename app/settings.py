@@ -57,6 +57,7 @@ class Settings:
     api_key: tuple[str, ...] = ()
     auth_failures_per_minute: int = 30
     metrics_key: str = ""
+    metrics_port: int = 0  # 0: /metrics on the API port
     max_concurrent_per_key: int = 0
     cors_origin: tuple[str, ...] = ()
     allowed_host: tuple[str, ...] = ()  # with auth off; loopback names and IP addresses always pass
@@ -124,6 +125,8 @@ class Settings:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError("port must be between 1 and 65535")
+        if not 0 <= self.metrics_port < 65536 or self.metrics_port == self.port:
+            raise ValueError("metrics_port must be 0 (off) or a port between 1 and 65535 other than port")
         if self.keys_file_reload_seconds < 0:
             raise ValueError("keys_file_reload_seconds must be 0 (on SIGHUP only) or positive")
         if self.max_body_bytes != 0 and self.max_body_bytes < 1024:

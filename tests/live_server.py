@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
@@ -97,6 +98,17 @@ class LiveServer:
     def engine(self) -> AsyncEngine:
         assert self.state.engine is not None
         return self.state.engine
+
+    @property
+    def metrics_url(self) -> str:
+        """Where Prometheus scrapes: the metrics port when there is one, else the API port."""
+        port = self.state.settings.metrics_port
+        return f"http://127.0.0.1:{port}/metrics" if port else f"{self.url}/metrics"
+
+    def scrape(self) -> httpx.Response:
+        """GET /metrics as Prometheus would: with the metrics key when one is set."""
+        key = self.state.settings.metrics_key
+        return httpx.get(self.metrics_url, headers={"authorization": f"Bearer {key}"} if key else {})
 
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Wait until the engine holds no running or waiting request (fails the test if never)."""

@@ -1,22 +1,29 @@
-"""GET /health (the process and its engine are alive), /ready (model loaded, warm, loop alive), /v1/models."""
+"""GET /health (the process and its engine are alive), /ready (model loaded, warm, loop alive), /v1/models.
+
+`probes` (health and ready) is served on the API port and, with `--metrics-port`, on that one too.
+"""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from fastapi import APIRouter, Depends
 from starlette.responses import JSONResponse, Response
 
+from app.settings import Settings
 from app.state import RETRY_AFTER_SECONDS, ServerState, get_state
 from app.validation import check_model
+from models.hub import is_repo_id
 from models.outputs import ENGINE_STOPPED
 
+probes = APIRouter()
 router = APIRouter()
 
 _STARTED = int(time.time())
 
 
-@router.get("/health")
+@probes.get("/health")
 async def health(state: ServerState = Depends(get_state)) -> Response:
     # Liveness: a loading model or a busy engine must not get the pod restarted, but an engine
     # that died (its process killed, its loop crashed) never comes back in this process: a
@@ -28,7 +35,7 @@ async def health(state: ServerState = Depends(get_state)) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-@router.get("/ready")
+@probes.get("/ready")
 async def ready(state: ServerState = Depends(get_state)) -> Response:
     if state.is_ready:
         return JSONResponse({"status": "ready"})
@@ -38,6 +45,9 @@ async def ready(state: ServerState = Depends(get_state)) -> Response:
         status_code=503,
         headers={"Retry-After": str(int(RETRY_AFTER_SECONDS))},
     )
+
+
+router.include_router(probes)
 
 
 @router.get("/v1/models")
@@ -59,6 +69,16 @@ def _model_card(state: ServerState) -> dict[str, object]:
         "object": "model",
         "created": _STARTED,
         "owned_by": "surge",
-        "root": settings.model,
+        "root": model_root(settings),
         "max_model_len": engine.config.scheduler.max_model_len if engine is not None else None,
     }
+
+
+def model_root(settings: Settings) -> str:
+    """What the model is, for clients: its hub id when it came from the hub, else the served name.
+    Never a local directory's path: that tells a client where the server keeps its files."""
+    model = settings.model
+    # As the loader decides (models/loader.py): an existing path is a directory, else a hub id.
+    if not Path(model).expanduser().exists() and is_repo_id(model):
+        return model
+    return settings.model_name

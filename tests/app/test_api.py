@@ -12,6 +12,8 @@ import httpx
 import openai
 import pytest
 
+from app.routes.system import model_root
+from app.settings import Settings
 from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
@@ -121,6 +123,19 @@ def test_models_health_ready(server: LiveServer, client: openai.OpenAI) -> None:
         client.models.retrieve("gpt-9")
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{server.url}/ready").status_code == 200
+
+
+def test_models_never_show_where_the_server_keeps_the_model(server: LiveServer, tiny_model_dir: Path) -> None:
+    """The attack surface: `root` in /v1/models was --model as given, for a local directory its path
+    on the server (where the files live, the user, the layout). It is the served name now, or the
+    hub id for a model from the hub."""
+    for path in ("/v1/models", f"/v1/models/{MODEL_NAME}"):
+        reply = httpx.get(f"{server.url}{path}")
+        assert reply.status_code == 200
+        assert str(tiny_model_dir) not in reply.text and tiny_model_dir.name not in reply.text
+    assert httpx.get(f"{server.url}/v1/models").json()["data"][0]["root"] == MODEL_NAME
+    hub = Settings(model="Qwen/Qwen2.5-0.5B-Instruct", served_model_name="qwen")
+    assert model_root(hub) == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from app.settings import Settings
 from app.state import ServerState
 from middleware.admission.degradation import DegradationConfig, TierLevels
 from models import gpu
+from scripts.harness.ports import free_port
 from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
@@ -68,7 +69,7 @@ class Scrape:
     """One /metrics answer: its text and its samples."""
 
     def __init__(self, live: LiveServer) -> None:
-        response = httpx.get(f"{live.url}/metrics")
+        response = live.scrape()
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/plain")
         self.text = response.text
@@ -122,8 +123,9 @@ def test_every_metric_has_help_and_the_model_label(live: LiveServer) -> None:
     assert scrape.value("http_requests_total", handler="/metrics") == 0
 
 
-def test_metrics_need_no_api_key(tiny_model_dir: Path) -> None:
-    with running_server(tiny_model_dir, max_model_len=256, max_num_seqs=1, api_key=("k",)) as server:
+def test_401s_are_counted(tiny_model_dir: Path) -> None:
+    settings = {"api_key": ("k",), "metrics_key": "mk-scraper"}  # with API keys set, /metrics needs its key
+    with running_server(tiny_model_dir, max_model_len=256, max_num_seqs=1, **settings) as server:
         assert httpx.post(f"{server.url}/v1/chat/completions", json={}).status_code == 401
         scrape = Scrape(server)
         assert scrape.value("http_requests_total", handler="/v1/chat/completions", status="401") == 1
@@ -334,3 +336,74 @@ def test_metrics_need_the_metrics_key_when_one_is_set(tiny_model_dir: Path) -> N
         assert scraped.status_code == 200 and "surge_requests_waiting" in scraped.text
         assert httpx.get(f"{live.url}/health").status_code == 200
         assert httpx.get(f"{live.url}/ready").status_code == 200
+
+
+def test_guessing_the_metrics_key_gets_429s_while_prometheus_keeps_scraping(tiny_model_dir: Path) -> None:
+    """The attack: the API keys' 401s were throttled per address, the metrics key's were not, so
+    a tenant could try metrics keys on the API port as fast as the network allowed."""
+    settings = {"api_key": ("sk-tenant",), "metrics_key": "mk-scraper", "auth_failures_per_minute": 3}
+    with running_server(tiny_model_dir, max_model_len=256, **settings) as live:
+        url = f"{live.url}/metrics"
+        guesses = [httpx.get(url, headers={"authorization": f"Bearer mk-{i}"}) for i in range(5)]
+        assert [reply.status_code for reply in guesses] == [401] * 3 + [429] * 2
+        assert int(guesses[-1].headers["retry-after"]) >= 1
+        assert live.scrape().status_code == 200  # the right key is never throttled
+        assert Scrape(live).value("surge_auth_failures_total", outcome="throttled") == 2
+
+
+def test_a_tenant_cannot_read_every_tenants_traffic_from_metrics(tiny_model_dir: Path) -> None:
+    """The attack: with API keys set, /metrics on the API port stayed open unless --metrics-key was
+    given: any tenant (or anyone) read every tenant's rates, latencies and errors, and from the
+    grammar compile histogram that another key had just compiled a schema. Now, with keys and no
+    metrics key, the API port refuses it (403, naming the two ways to open it), valid API keys
+    included; /health and /ready stay open for the kubelet."""
+    with running_server(tiny_model_dir, max_model_len=256, api_key=("sk-tenant",)) as live:
+        url = f"{live.url}/metrics"
+        for headers in ({}, {"authorization": "Bearer sk-tenant"}):
+            refused = httpx.get(url, headers=headers)
+            assert refused.status_code == 403, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "metrics_closed"
+            assert "--metrics-key" in error["message"] and "--metrics-port" in error["message"]
+            assert "surge_grammar_compile_seconds" not in refused.text
+        assert httpx.get(f"{live.url}/health").status_code == 200
+        assert httpx.get(f"{live.url}/ready").status_code == 200
+    # Auth off (one user, on a laptop): open, as before.
+    with running_server(tiny_model_dir, max_model_len=256) as live:
+        assert "surge_requests_waiting" in httpx.get(f"{live.url}/metrics").text
+
+
+def test_metrics_leave_the_api_port_for_a_port_of_their_own(tiny_model_dir: Path) -> None:
+    """`--metrics-port`: /metrics, /health and /ready on a second listener of the same process (the
+    same registry: the API port's traffic shows there); the API port has no /metrics at all."""
+    port = free_port()
+    settings = {"api_key": ("sk-tenant",), "metrics_port": port}
+    with running_server(tiny_model_dir, max_model_len=256, **settings) as live:
+        tenant = {"authorization": "Bearer sk-tenant"}
+        assert httpx.get(f"{live.url}/metrics", headers=tenant).status_code == 404
+        assert chat(live, max_tokens=2).status_code == 401
+        reply = httpx.post(
+            f"{live.url}/v1/chat/completions",
+            json={"model": MODEL_NAME, "messages": USER, "max_tokens": 2},
+            headers=tenant,
+        )
+        assert reply.status_code == 200
+        metrics = f"http://127.0.0.1:{port}"
+        scrape = Scrape(live)  # on the metrics port, with no key
+        assert scrape.value("http_requests_total", handler="/v1/chat/completions", status="200") == 1
+        assert scrape.value("http_requests_total", handler="/v1/chat/completions", status="401") == 1
+        assert scrape.value("surge_generation_tokens_total") >= 1
+        assert httpx.get(f"{metrics}/health").json() == {"status": "ok"}
+        assert httpx.get(f"{metrics}/ready").status_code == 200
+        assert httpx.post(f"{metrics}/v1/chat/completions", json={}).status_code == 404  # no API there
+    # A metrics key applies on the metrics port too.
+    with running_server(tiny_model_dir, max_model_len=256, metrics_port=port, metrics_key="mk-scraper") as live:
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 401
+        assert live.scrape().status_code == 200
+
+
+def test_the_metrics_port_must_differ_from_the_api_port() -> None:
+    with pytest.raises(ValueError, match="metrics_port"):
+        Settings(port=8000, metrics_port=8000)
+    with pytest.raises(ValueError, match="metrics_port"):
+        Settings(metrics_port=70000)

@@ -61,7 +61,8 @@ def test_one_tenant_never_gets_another_tenants_completion(tiny_model_dir: Path) 
     that A sent it. Scoped per key by default; `--dedup-scope global` shares across keys."""
     keys = ("sk-tenant-a", "sk-tenant-b")
     for scope, shared in (("key", False), ("global", True)):
-        with running_server(tiny_model_dir, max_model_len=512, api_key=keys, dedup_scope=scope) as live:
+        settings = {"api_key": keys, "dedup_scope": scope, "metrics_key": "mk-test"}  # API keys: /metrics needs it
+        with running_server(tiny_model_dir, max_model_len=512, **settings) as live:
             url = f"{live.url}/v1/chat/completions"
             dedup = live.state.dedup
 
@@ -74,6 +75,6 @@ def test_one_tenant_never_gets_another_tenants_completion(tiny_model_dir: Path) 
             other = send(keys[1])
             assert other.status_code == 200
             assert (dedup.num_misses, dedup.num_hits) == ((1, 2) if shared else (2, 1)), scope
-            metrics = httpx.get(f"{live.url}/metrics").text
+            metrics = live.scrape().text
             assert f'surge_dedup_hits_total{{model="{MODEL_NAME}"}} {2.0 if shared else 1.0}' in metrics
             live.wait_idle()

@@ -51,7 +51,11 @@ def test_off_never_throttles() -> None:
 def test_guessing_keys_gets_429s_while_a_valid_key_keeps_working(tiny_model_dir: Path) -> None:
     """The attack: 401s were never throttled, so an address could try keys as fast as it liked."""
     with running_server(
-        tiny_model_dir, max_model_len=256, api_key=("sk-the-real-key",), auth_failures_per_minute=5
+        tiny_model_dir,
+        max_model_len=256,
+        api_key=("sk-the-real-key",),
+        auth_failures_per_minute=5,
+        metrics_key="mk-test",  # with API keys set, /metrics needs it
     ) as live:
         url = f"{live.url}/v1/chat/completions"
         body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -64,6 +68,6 @@ def test_guessing_keys_gets_429s_while_a_valid_key_keeps_working(tiny_model_dir:
         assert throttled.json()["error"]["code"] == "rate_limit_exceeded"
         valid = httpx.post(url, json=body, headers={"authorization": "Bearer sk-the-real-key"})
         assert valid.status_code == 200
-        metrics = httpx.get(f"{live.url}/metrics").text
+        metrics = live.scrape().text
         assert f'surge_auth_failures_total{{model="{MODEL_NAME}",outcome="rejected"}} 5.0' in metrics
         assert f'surge_auth_failures_total{{model="{MODEL_NAME}",outcome="throttled"}} 4.0' in metrics

@@ -26,6 +26,7 @@ def test_one_keys_burst_cannot_take_every_place(tiny_model_dir: Path, tmp_path: 
         "keys_file": str(keys),
         "max_concurrent_per_key": 2,
         "degrade_thresholds": "",
+        "metrics_key": "mk-test",  # with API keys set, /metrics needs it
     }
     with running_server(tiny_model_dir, **settings) as live:  # type: ignore[arg-type]
         url = f"{live.url}/v1/chat/completions"
@@ -54,7 +55,7 @@ def test_one_keys_burst_cannot_take_every_place(tiny_model_dir: Path, tmp_path: 
             # dropped both streams), the key has its places back.
             live.wait_idle()
             assert client.post(url, json={**LONG, "max_tokens": 1}, headers=headers("sk-burst")).status_code == 200
-            metrics = client.get(f"{live.url}/metrics").text
+            metrics = live.scrape().text
             assert f'surge_rate_limited_requests_total{{bucket="concurrency",model="{MODEL_NAME}"}} 1.0' in metrics
         live.wait_idle()
 

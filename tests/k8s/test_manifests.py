@@ -7,13 +7,17 @@ checked field by field here instead.
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from app.options import OPTIONS
 from tests.k8s.conftest import K8S, OVERLAYS, find, kustomize, load_yaml
@@ -107,15 +111,14 @@ def test_redis_needs_a_password_from_a_secret_and_only_surge_reaches_it(
         (expression,) = selector["matchExpressions"]
         assert labels[expression["key"]] in expression["values"] and expression["operator"] == "In"
     assert server_labels[expression["key"]] not in expression["values"]
-    assert redis_policy["policyTypes"] == ["Ingress"]
+    assert redis_policy["policyTypes"] == ["Ingress", "Egress"]
     assert redis_policy["ingress"] == [
         {"from": [{"podSelector": {"matchLabels": server_labels}}], "ports": [{"port": 6379, "protocol": "TCP"}]}
     ]
     server_policy = policies["surge-server"]
     assert server_policy["podSelector"]["matchLabels"] == server_labels
-    (rule,) = server_policy["ingress"]
-    assert rule["ports"] == [{"port": 8000, "protocol": "TCP"}]
-    assert all("namespaceSelector" in peer and "podSelector" not in peer for peer in rule["from"])
+    for rule in server_policy["ingress"]:
+        assert all("namespaceSelector" in peer and "podSelector" not in peer for peer in rule["from"])
 
 
 def test_pods_probe_drain_and_run_unprivileged(built: tuple[str, list[dict[str, Any]]]) -> None:
@@ -135,6 +138,7 @@ def test_pods_probe_drain_and_run_unprivileged(built: tuple[str, list[dict[str, 
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/path"] == "/metrics"
+    assert container["livenessProbe"]["httpGet"]["port"] == "metrics"  # never the API port's 503s
     pdb = find(docs, "PodDisruptionBudget", "surge")["spec"]
     assert pdb["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
 
@@ -180,6 +184,137 @@ def test_the_metrics_key_comes_from_an_optional_secret(built: tuple[str, list[di
     assert "SURGE_METRICS_KEY" not in find(docs, "ConfigMap", "surge-config")["data"]
     key = next(e for e in surge_container(docs)["env"] if e["name"] == "SURGE_METRICS_KEY")
     assert key["valueFrom"]["secretKeyRef"] == {"name": "surge-metrics-key", "key": "key", "optional": True}
+
+
+def test_metrics_are_scraped_on_a_port_of_their_own_that_only_prometheus_reaches(
+    built: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """The finding: /metrics was on the API port, open with auth on unless --metrics-key was given,
+    and showed every tenant's traffic. The pods serve it on SURGE_METRICS_PORT (a container port
+    named `metrics`), which Prometheus' annotation and scrape job use; only the `monitoring`
+    namespace reaches that port, only the ingress controller the API port; the Service (so the
+    ingress) carries the API port alone."""
+    _, docs = built
+    port = int(find(docs, "ConfigMap", "surge-config")["data"]["SURGE_METRICS_PORT"])
+    api_port = int(find(docs, "ConfigMap", "surge-config")["data"]["SURGE_PORT"])
+    ports = {p["name"]: p["containerPort"] for p in surge_container(docs)["ports"]}
+    assert ports == {"http": api_port, "metrics": port} and port != api_port
+    annotations = find(docs, "Deployment", "surge")["spec"]["template"]["metadata"]["annotations"]
+    assert int(annotations["prometheus.io/port"]) == port
+    assert [p["targetPort"] for p in find(docs, "Service", "surge")["spec"]["ports"]] == ["http"]
+    server_policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "surge-server")
+    admitted = {
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]: [p["port"] for p in rule["ports"]]
+        for rule in server_policy["spec"]["ingress"]
+        for peer in rule["from"]
+    }
+    assert admitted == {"ingress-nginx": [api_port], "monitoring": [port]}
+
+
+def test_the_scrape_job_keeps_only_the_metrics_port_of_surges_pods() -> None:
+    """k8s/prometheus/scrape-config.yaml's relabelling, run on the targets Prometheus' pod discovery
+    makes (one per container port): the metrics port stays, with `namespace` and `pod`."""
+    (job,) = load_yaml(K8S / "prometheus" / "scrape-config.yaml")["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    (discovery,) = job["kubernetes_sd_configs"]
+    assert discovery["role"] == "pod" and discovery["namespaces"]["names"] == ["surge"]
+
+    def target(port_name: str, port: int, scrape: str = "true") -> dict[str, str]:
+        return {
+            "__address__": f"10.0.0.7:{port}",
+            "__meta_kubernetes_namespace": "surge",
+            "__meta_kubernetes_pod_name": "surge-0",
+            "__meta_kubernetes_pod_container_port_name": port_name,
+            "__meta_kubernetes_pod_annotation_prometheus_io_scrape": scrape,
+        }
+
+    targets = (target("http", 8000), target("metrics", 8001), target("metrics", 8001, scrape="false"))
+    kept = [labels for labels in (relabel(t, job["relabel_configs"]) for t in targets) if labels is not None]
+    assert kept == [{**target("metrics", 8001), "namespace": "surge", "pod": "surge-0"}]
+
+
+def relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, str] | None:
+    """Prometheus' `keep` and `replace` (its default action) relabelling; None: dropped."""
+    labels = dict(labels)
+    for config in configs:
+        value = config.get("separator", ";").join(labels.get(name, "") for name in config["source_labels"])
+        match = re.fullmatch(config.get("regex", "(.*)"), value)
+        action = config.get("action", "replace")
+        if action == "keep":
+            if match is None:
+                return None
+        elif action == "replace":
+            if match is not None:
+                labels[config["target_label"]] = match.expand(config.get("replacement", r"\1"))
+        else:
+            raise AssertionError(f"relabel action {action} is not simulated here")
+    return labels
+
+
+def test_the_scrape_job_passes_promtool(tmp_path: Path) -> None:
+    """Debian's promtool is built without Kubernetes discovery: the job is checked with static
+    targets in its place, everything else as written."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found: run scripts/ensure-k8s-tools.sh (make k8s-tools)")
+    config = load_yaml(K8S / "prometheus" / "scrape-config.yaml")
+    for job in config["scrape_configs"]:
+        job["static_configs"] = [{"targets": ["127.0.0.1:8001"]}]
+        del job["kubernetes_sd_configs"]
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_compromised_pod_cannot_reach_the_cloud_metadata_address(built: tuple[str, list[dict[str, Any]]]) -> None:
+    """The finding: the NetworkPolicies had no egress rules, so a compromised pod reached
+    169.254.169.254 (the node's cloud credentials) and anything else in the cluster. surge's pods may
+    reach the DNS, the two Redis and HTTPS on public addresses (the model's download from the hub);
+    Redis' pods the DNS only."""
+    _, docs = built
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    server, redis = policies["surge-server"], policies["surge-redis"]
+    assert "Egress" in server["policyTypes"] and "Egress" in redis["policyTypes"]
+    for policy in (server, redis):
+        for rule in policy["egress"]:
+            assert rule.get("to") and rule.get("ports"), rule  # no rule opens every address or port
+    metadata = ("169.254.169.254", "169.254.170.2", "100.100.100.200", "fd00:ec2::254")
+    cluster = ("10.96.0.1", "172.20.0.10", "192.168.1.1", "fe80::1")
+    for address in metadata + cluster:
+        for port in (80, 443, 53, 6379):
+            assert not reachable(server, address, port), (address, port)
+            assert not reachable(redis, address, port), (address, port)
+    assert reachable(server, "18.160.0.1", 443) and reachable(server, "2600:9000::1", 443)  # the hub's CDN
+    assert not reachable(server, "18.160.0.1", 80) and not reachable(redis, "18.160.0.1", 443)
+    dns = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}
+    for policy in (server, redis):
+        (dns_rule,) = [rule for rule in policy["egress"] if any(p["port"] == 53 for p in rule["ports"])]
+        assert {(p["port"], p["protocol"]) for p in dns_rule["ports"]} == {(53, "UDP"), (53, "TCP")}
+        (peer,) = dns_rule["to"]
+        assert peer.items() >= dns.items() and peer["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
+    redis_labels = find(docs, "Deployment", "surge-redis")["spec"]["selector"]["matchLabels"]
+    (redis_rule,) = [rule for rule in server["egress"] if any(p["port"] == 6379 for p in rule["ports"])]
+    (peer,) = redis_rule["to"]
+    assert set(peer) == {"podSelector"} and peer["podSelector"]["matchLabels"].items() <= redis_labels.items()
+
+
+def reachable(policy: dict[str, Any], address: str, port: int) -> bool:
+    """Whether an egress rule of `policy` admits `address`:`port` by IP (pod and namespace selectors
+    match pods of the cluster, never an address outside it such as the metadata service's)."""
+    ip = ipaddress.ip_address(address)
+    for rule in policy.get("egress", []):
+        if all(p["port"] != port for p in rule["ports"]):
+            continue
+        for peer in rule["to"]:
+            block = peer.get("ipBlock")
+            if block is None or ip.version != ipaddress.ip_network(block["cidr"]).version:
+                continue
+            if ip in ipaddress.ip_network(block["cidr"]) and not any(
+                ip in ipaddress.ip_network(excluded) for excluded in block.get("except", [])
+            ):
+                return True
+    return False
 
 
 def test_the_ingress_hashes_sessions_and_keys_to_few_replicas_and_streams_unbuffered(

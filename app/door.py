@@ -1,8 +1,9 @@
 """The door's ASGI stack, built from `middleware.DOOR`: each name's middleware, configured from the
 settings, in that order (the order and its reasons are middleware/__init__.py's). A layer that is off
-(no CORS origins, no rate limit) is left out of the stack rather than passed through. With a keys
-file, the per-key layers read the keys from `state.keys`, which a reload replaces, and stay in the
-stack even with no limit yet: a reload may bring one."""
+(no CORS origins, no rate limit) is left out of the stack rather than passed through. Auth reads the
+keys from `state.keys`, which a reload of the keys file replaces, and hands the later per-key layers
+the set it used; with a keys file they stay in the stack even with no limit yet: a reload may bring
+one."""
 
 from __future__ import annotations
 
@@ -92,8 +93,7 @@ def _concurrency(settings: Settings, state: ServerState) -> Entry | None:
     """The per-key concurrency layer, when --max-concurrent-per-key or a keys file is set."""
     if not settings.max_concurrent_per_key and not settings.keys_file:
         return None
-    options = {"default_limit": settings.max_concurrent_per_key, "ring": state.keys}
-    return ConcurrencyMiddleware, {**options, "counts": state.concurrency_counts}
+    return ConcurrencyMiddleware, {"default_limit": settings.max_concurrent_per_key, "counts": state.concurrency_counts}
 
 
 def _rate_limit(settings: Settings, state: ServerState) -> Entry | None:
@@ -105,5 +105,5 @@ def _rate_limit(settings: Settings, state: ServerState) -> Entry | None:
         state.rate_limits = InProcessBuckets()
     else:
         state.rate_limits = RedisBuckets(state.redis, fallback_share=settings.rate_limit_replicas)
-    options: dict[str, object] = {"buckets": state.rate_limits, "limits": limits, "ring": state.keys}
-    return RateLimitMiddleware, {**options, "counts": state.rate_limit_counts}
+    options: dict[str, object] = {"buckets": state.rate_limits, "limits": limits, "counts": state.rate_limit_counts}
+    return RateLimitMiddleware, options

@@ -3,10 +3,10 @@ changes.
 
 `KeySet` is one moment's keys: every accepted key (`--api-key` and the keys file's) and, from the
 keys file, each key's tier, lowest body priority, rate limits and concurrency limit. It never
-changes. `KeyRing.current` is the set in force: the door's layers (auth, rate limit, concurrency)
-read it once per request, so a reload, one assignment, gives every request the old set or the
-new one, never half of each, and a removed key is refused from the next request on (requests
-already past the door run to their end).
+changes. `KeyRing.current` is the set in force: the auth layer reads it once per request and hands
+that set to the later per-key layers (rate limit, concurrency) in `scope["state"]["key_set"]`, so a
+reload, one assignment, gives every request the old set or the new one, never half of each, and a
+removed key is refused from the next request on (requests already past the door run to their end).
 
 `KeysFileWatcher` reloads the keys file: `check()` when its path's signature (device, inode,
 size, mtime) has changed since the last load, `reload()` whatever it is (SIGHUP). It stats the

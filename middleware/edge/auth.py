@@ -15,7 +15,9 @@ and the lowest body priority it may send in `scope["state"]["min_priority"]` whe
 
 The keys are fixed (`api_keys`, ...) or a `KeyRing` whose set a reload of the keys file replaces
 (middleware/key_ring.py): each request reads the set in force once, so a removed key is refused
-from the next request on.
+from the next request on, and an authenticated request carries that set in
+`scope["state"]["key_set"]`, so the later per-key layers (rate limit, concurrency) go by the same
+one whatever a reload does meanwhile.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class ApiKeyMiddleware:
             return
         state = scope.setdefault("state", {})
         state["api_key"] = matched.decode()
+        state["key_set"] = keys
         if (tier := keys.tiers.get(matched)) is not None:
             state["priority_tier"] = tier
         if (floor := keys.min_priorities.get(matched)) is not None:

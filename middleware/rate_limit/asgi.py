@@ -9,8 +9,9 @@ nothing extra.
 
 The caller is its API key (which middleware/edge/auth.py puts in `scope["state"]`), or its client
 address when no keys are configured. Bucket names carry a hash of the key, never the key. A key's
-own limits are fixed (`key_limits`) or read from a `KeyRing` per request, so a reload of the keys
-file applies from the next request on (middleware/key_ring.py).
+own limits are those of the key set its request was authenticated against (`scope["state"]
+["key_set"]`, middleware/key_ring.py: a reload of the keys file applies from the next request on),
+else `key_limits`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Collection, Mapping
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from middleware.errors import send_error
-from middleware.key_ring import KeyRing
+from middleware.key_ring import KeySet
 from middleware.rate_limit.buckets import TokenBuckets
 from middleware.rate_limit.limits import Limits, RateLimitCounts, RateLimitExceeded, RequestLimits
 
@@ -39,16 +40,11 @@ class RateLimitMiddleware:
         key_limits: Mapping[str, Limits] | None = None,
         paths: Collection[str] = RATE_LIMITED_PATHS,
         counts: RateLimitCounts | None = None,
-        ring: KeyRing | None = None,
     ) -> None:
-        """ring: the keys in force, whose `rate_limits` replace `key_limits`."""
         for value in (limits, *(key_limits or {}).values()):
             if not isinstance(value, Limits):
                 raise TypeError("limits must be Limits instances")
-        if ring is not None and key_limits:
-            raise ValueError("give the key limits or a key ring, not both")
         self.app = app
-        self._ring = ring
         self._buckets = buckets
         self._limits = limits
         self._key_limits = dict(key_limits or {})
@@ -62,7 +58,8 @@ class RateLimitMiddleware:
             return
         state = scope.setdefault("state", {})
         api_key: str | None = state.get("api_key")
-        key_limits = self._key_limits if self._ring is None else self._ring.current.rate_limits
+        keys: KeySet | None = state.get("key_set")
+        key_limits = self._key_limits if keys is None else keys.rate_limits
         limits = self._limits if api_key is None else key_limits.get(api_key, self._limits)
         if not limits.is_limited:
             await self.app(scope, receive, send)

@@ -11,10 +11,10 @@ once the body is parsed:
   without Retry-After (waiting cannot help; as the tokens bucket's "Request too large").
 The limit is the key's `max_concurrent` in the keys file, else `--max-concurrent-per-key`; 0 is
 no limit. Requests without a key (auth off) are one tenant and are not limited here: the queue
-bound is theirs. Counted per replica: N replicas let a key run N x its limit at most. The keys'
-own limits are fixed (`key_limits`) or read from a `KeyRing` per request (middleware/key_ring.py);
-a key's count is dropped when it reaches 0, so a key removed from the keys file leaves nothing
-behind once its requests end.
+bound is theirs. Counted per replica: N replicas let a key run N x its limit at most. A key's own
+limit is that of the key set its request was authenticated against (`scope["state"]["key_set"]`,
+middleware/key_ring.py), else `key_limits`; a key's count is dropped when it reaches 0, so a key
+removed from the keys file leaves nothing behind once its requests end.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from middleware.errors import OpenAIError, error_json, send_error
 from middleware.generation import Generation, Handler
-from middleware.key_ring import KeyRing
+from middleware.key_ring import KeySet
 from models.outputs import OutputSource
 
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -93,13 +93,8 @@ class ConcurrencyMiddleware:
         key_limits: Mapping[str, int] | None = None,
         counts: ConcurrencyCounts | None = None,
         paths: Collection[str] = GENERATION_PATHS,
-        ring: KeyRing | None = None,
     ) -> None:
-        """ring: the keys in force, whose `concurrency_limits` replace `key_limits`."""
-        if ring is not None and key_limits:
-            raise ValueError("give the key limits or a key ring, not both")
         self.app = app
-        self._ring = ring
         self._default = default_limit
         self._limits = dict(key_limits or {})
         self._paths = frozenset(paths)
@@ -107,8 +102,10 @@ class ConcurrencyMiddleware:
         self._in_flight: dict[str, int] = {}  # sequences per key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        key: str | None = scope.get("state", {}).get("api_key") if scope["type"] == "http" else None
-        key_limits = self._limits if self._ring is None else self._ring.current.concurrency_limits
+        state = scope.get("state", {}) if scope["type"] == "http" else {}
+        key: str | None = state.get("api_key")
+        keys: KeySet | None = state.get("key_set")
+        key_limits = self._limits if keys is None else keys.concurrency_limits
         if key is None or scope["path"] not in self._paths or not (limit := key_limits.get(key, self._default)):
             await self.app(scope, receive, send)
             return

@@ -61,6 +61,25 @@ def test_a_revoked_key_is_refused_after_the_keys_file_changes(tiny_model_dir: Pa
         assert live.state.keys.current.tiers == {b"sk-kept": 1}
 
 
+def test_a_keys_new_limits_apply_from_the_next_request(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A reload changes what a key may do, not only whether it is accepted: the rate-limit layer
+    goes by the key set the request was authenticated against."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("sk-tenant: {rpm: 100}\n")
+    settings = {"max_model_len": 256, "keys_file": str(keys), "keys_file_reload_seconds": 0.05}
+    with running_server(tiny_model_dir, **settings) as live:
+
+        def chat() -> httpx.Response:
+            body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 1}
+            return httpx.post(f"{live.url}/v1/chat/completions", json=body, headers=bearer("sk-tenant"), timeout=30)
+
+        assert chat().headers["x-ratelimit-limit-requests"] == "100"
+        keys.write_text("sk-tenant: {rpm: 1}\n")
+        wait_until(lambda: live.state.keys.current.rate_limits["sk-tenant"].rpm == 1)
+        assert chat().headers["x-ratelimit-limit-requests"] == "1"
+        assert chat().status_code == 429
+
+
 def test_a_keys_file_that_does_not_parse_keeps_the_keys_in_use(
     tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -153,4 +153,6 @@ async def test_state_is_created_when_the_server_gave_none() -> None:
 
     scope = {"type": "http", "method": "GET", "path": "/v1/models", "headers": [(b"authorization", b"Bearer sk-first")]}
     await ApiKeyMiddleware(inner, api_keys=KEYS)(scope, receive, send)
-    assert scopes[0]["state"] == {"api_key": "sk-first"}
+    state = scopes[0]["state"]
+    assert state["api_key"] == "sk-first" and state["key_set"].keys == (b"sk-first", b"sk-second")
+    assert set(state) == {"api_key", "key_set"}  # the key set it was checked against, for the later layers

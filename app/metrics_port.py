@@ -23,6 +23,7 @@ import socket
 import uvicorn
 from fastapi import FastAPI
 
+from app.connections import Connections
 from app.http_protocol import bounded_protocol
 from app.metrics import Endpoint
 from app.routes.system import probes
@@ -43,6 +44,10 @@ def metrics_app(state: ServerState, endpoint: Endpoint) -> FastAPI:
     return app
 
 
+# Connections the metrics port keeps open at most before it closes idle ones.
+METRICS_MAX_CONNECTIONS = 64
+
+
 class _Server(uvicorn.Server):
     def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
         # NOTE: uvicorn takes SIGINT and SIGTERM for every server it runs on the main thread; this
@@ -60,8 +65,15 @@ class MetricsListener:
             log_config=None,  # app/logs.py's handler, as the API server's
             log_level=None,  # left as the API server set them (they are process-wide)
             http=bounded_protocol(
-                settings.max_header_bytes, settings.header_timeout_seconds, settings.body_timeout_seconds
+                settings.max_header_bytes,
+                settings.header_timeout_seconds,
+                settings.body_timeout_seconds,
+                settings.send_timeout_seconds,
+                # Its own registry: Prometheus and the kubelet, a handful of connections; idle ones
+                # are closed first past the bound, and every path here is a probe's.
+                Connections(METRICS_MAX_CONNECTIONS, 0),
             ),
+            ws="none",
         )
         self._server = _Server(config)
         self._socket: socket.socket | None = None

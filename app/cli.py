@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -13,11 +14,24 @@ from app.logs import configure_logging
 from models.cpus import bound_onednn_caches
 
 
+def _trace_native_crashes() -> None:
+    """A native crash (a segfault in a library) leaves every thread's Python stack on stderr, so
+    the log says why the process died; the engine's process turns it on for itself too."""
+    # faulthandler writes to a file descriptor: when stderr has none (captured, embedded), the
+    # process's original stderr still has one; with neither there is nowhere to write.
+    for stream in (sys.stderr, sys.__stderr__):
+        if stream is None:
+            continue
+        try:
+            faulthandler.enable(file=stream)
+            return
+        except (AttributeError, ValueError, io.UnsupportedOperation):
+            continue
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     bound_onednn_caches()  # before anything imports torch; the engine's process inherits it
-    # A native crash (a segfault in a library) leaves every thread's Python stack on stderr, so
-    # the log says why the process died; the engine's process turns it on for itself too.
-    faulthandler.enable()
+    _trace_native_crashes()
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["loadtest"]:
         # NOTE: the load tester is a client tool, not part of the server: it lives in scripts/.

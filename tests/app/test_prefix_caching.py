@@ -22,7 +22,12 @@ SEA = "The sea is wide and the waves roll in from the west, grey and green under
 @pytest.fixture(scope="module")
 def live(tiny_model_dir: Path) -> Iterator[LiveServer]:
     with running_server(
-        tiny_model_dir, engine_mode="process", max_model_len=1024, max_num_seqs=4, api_key=("key-a", "key-b")
+        tiny_model_dir,
+        engine_mode="process",
+        max_model_len=1024,
+        max_num_seqs=4,
+        api_key=("key-a", "key-b"),
+        metrics_key="prometheus",
     ) as server:
         yield server
 

@@ -21,6 +21,9 @@ KEYS = {TIER_0: {"tier": 0}, TIER_1: {"tier": 1}, TIER_2: {"tier": 2}}
 USER = [{"role": "user", "content": "Tell me about the sea."}]
 
 
+METRICS_KEY = "prometheus"
+
+
 def headers(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
@@ -36,7 +39,7 @@ def chat(live: LiveServer, key: str, **body: object) -> httpx.Response:
 
 def failed_sequences(live: LiveServer) -> float:
     """Sequences that ended with an error so far (the metric counts sequences)."""
-    text = httpx.get(f"{live.url}/metrics").text
+    text = httpx.get(f"{live.url}/metrics", headers=headers(METRICS_KEY)).text
     families = text_string_to_metric_families(text)
     return sum(
         sample.value
@@ -61,6 +64,7 @@ def live(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     # sequences are then a score of 15: level 4 for whoever they count for). No per-key share of the
     # queue: its 429 would answer tier 2 before its level does (that share is test_burst.py's).
     settings = {"max_model_len": 512, "max_num_seqs": 16, "degrade_queue_depth": 16, "max_queue_share_per_key": 1.0}
+    settings["metrics_key"] = METRICS_KEY  # /metrics is closed on the API port while keys are set
     with running_server(tiny_model_dir, keys_file=str(keys_file), **settings) as server:  # type: ignore[arg-type]
         yield server
 

@@ -35,14 +35,14 @@ COPY app ./app
 COPY models ./models
 COPY middleware ./middleware
 RUN pip install . && rm -rf /src
-# The int8 block kernel (models/block_kernel.py), built here into the package so the runtime stage
+# The int8 block kernel (models/linear/block_kernel.py), built here into the package so the runtime stage
 # needs no compiler. It is generic x86-64 (its AVX-512 code runs only where the CPU has it); off
 # x86 there is nothing to build and `--quantization int8` takes oneDNN's kernel. Not from /src,
 # which is gone: `models` must be the installed package, where the library is written.
 WORKDIR /opt
 RUN if [ "$(uname -m)" = "x86_64" ]; then \
         apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
-        && python3 -m models.block_kernel \
+        && python3 -m models.linear.block_kernel \
         && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*; \
     fi
 

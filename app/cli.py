@@ -10,8 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.logs import configure_logging
-from models.cpus import bound_onednn_caches
+from app.ops.logs import configure_logging
+from models import bound_onednn_caches
 
 
 def _trace_native_crashes() -> None:
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # NOTE: the load tester is a client tool, not part of the server: it lives in scripts/.
         print("surge loadtest is now `python -m scripts.loadtest` (run from a checkout of surge)", file=sys.stderr)
         return 2
-    from app.settings import add_serve_arguments, settings_from_namespace
+    from app.config.settings import add_serve_arguments, settings_from_namespace
 
     parser = argparse.ArgumentParser(prog="surge", description="OpenAI-compatible LLM inference server")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_list)
 
     if args.command == "build-tiny":
-        from models.tiny import build_tiny
+        from models import build_tiny
 
         path = build_tiny(args.size, args.out, arch=args.arch)
         print(path)
@@ -64,12 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     spawned = None
     if settings.engine.separate_process:
         # The engine child starts before the server's imports (FastAPI, transformers, torch), so
-        # its own imports and the model load run beside them: models/engine_spawn.py.
-        from app.diagnostics import engine_process_init
-        from models.engine_spawn import spawn_engine
+        # its own imports and the model load run beside them: models/process/spawn.py.
+        from app.ops.diagnostics import engine_process_init
+        from models import spawn_engine
 
         spawned = spawn_engine(settings.engine, engine_process_init(settings.log_level, settings.log_format))
-    from app.server import serve as run_server
+    from app.server.factory import serve as run_server
 
     run_server(settings, spawned)
     return 0

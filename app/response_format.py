@@ -3,9 +3,9 @@
 `json_object` is any JSON object (OpenAI's JSON mode); `json_schema` is the given schema,
 strict or not (a reply that is not enforced would be a reply the client cannot trust); `text`
 is no constraint. A schema the grammar library cannot enforce (an unsupported keyword, a bad
-pattern, a dangling `$ref`), or one past surge's bounds (models/json_schema.py), is a 400 naming
+pattern, a dangling `$ref`), or one past surge's bounds (models/grammar/json_schema.py), is a 400 naming
 the problem, never an unconstrained reply. Objects that declare properties take only those
-unless `--json-schema-objects open` (models/json_schema.py `close_objects` says why).
+unless `--json-schema-objects open` (models/grammar/json_schema.py `close_objects` says why).
 
 Everything from the schema walk to the compile runs on the grammar compiler's threads, never on
 the event loop: a large schema takes tens of milliseconds to walk and more to compile.
@@ -21,12 +21,10 @@ from typing import Any
 
 from fastapi import Request
 
-from app.schemas import ResponseFormat
+from app.openai import ResponseFormat
 from middleware.errors import OpenAIError, invalid_request
 from middleware.generation import share_of
-from models.grammar import GrammarCompiler, GrammarError, json_schema_grammar
-from models.sampling_params import SamplingParams
-from models.sequence import cache_scope_of
+from models import GrammarCompiler, GrammarError, SamplingParams, cache_scope_of, json_schema_grammar
 
 JSON_OBJECT: dict[str, Any] = {"type": "object"}
 # The kinds of constrained requests the metrics count (surge_constrained_requests_total).
@@ -38,7 +36,7 @@ class Constraints:
     """What every grammar of one request is built and checked with."""
 
     compiler: GrammarCompiler
-    scope: str  # whose compiled grammars it may reuse: its API key's (models/grammar.py)
+    scope: str  # whose compiled grammars it may reuse: its API key's (models/grammar/compiler.py)
     closed: bool  # objects take only their declared properties (--json-schema-objects closed)
     counts: Counter[str]  # constrained requests by kind, for the metrics
 

@@ -1,8 +1,8 @@
 """Every traffic layer of surge, one subpackage per layer, and the one order they run in.
 
 Two stages, each a list below, outermost first; the app builds its ASGI stack from `DOOR` and its
-after-parse chain from `AFTER_PARSE` (app/server.py, app/pipeline.py), and nowhere else says the
-order. The rule behind both: the cheapest refusal first, and nothing stored or shared that a
+after-parse chain from `AFTER_PARSE` (app/server/factory.py, app/generation/pipeline.py), and
+nowhere else says the order. The rule behind both: the cheapest refusal first, and nothing stored or shared that a
 later layer could still refuse.
 
 - At the door, pure ASGI middleware see every HTTP request before its body is parsed: they answer
@@ -13,8 +13,8 @@ later layer could still refuse.
 Beside the layers: `errors.py` (OpenAI error bodies and the exception routes raise), `redis.py`
 (the one Redis connection and its fail-open health), `keys_file.py` (API keys with per-key limits
 and tiers), `generation.py` (the after-parse request and layer). Nothing in this package imports
-the engine, torch or transformers: only the engine's value types (models/outputs.py,
-models/sampling_params.py, models/load_stats.py).
+the engine, torch or transformers: only the engine's torch-free value types, through its face
+(`from models import ...`, models/__init__.py).
 """
 
 DOOR: tuple[str, ...] = (
@@ -24,7 +24,7 @@ DOOR: tuple[str, ...] = (
     # CORS (Starlette's, when --cors-origin is set) outside everything else, so preflights and every
     # rejection carry the CORS headers a browser needs to read them.
     "cors",
-    # HTTP metrics (app/metrics.py) outside every rejection, so 401s, 429s and 503s count too.
+    # HTTP metrics (app/ops/metrics.py) outside every rejection, so 401s, 429s and 503s count too.
     "http_metrics",
     # Allowed hosts (with auth off): a Host that is not localhost, an IP address or an
     # --allowed-host name is a DNS-rebinding page's, 421 before any layer does work for it

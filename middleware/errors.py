@@ -2,7 +2,7 @@
 and the bytes pure ASGI middleware send.
 
 Owns `{"error": {"message", "type", "param", "code"}}` and its HTTP status. The after-parse
-layers and the routes raise `OpenAIError` (app/errors.py renders it, with FastAPI's and
+layers and the routes raise `OpenAIError` (app/server/errors.py renders it, with FastAPI's and
 Starlette's own failures); pure ASGI middleware cannot raise into those handlers (they sit
 inside the middleware stack), so they answer directly with `error_json` and `send_error`.
 Must not import `app/` or the engine.

@@ -20,8 +20,7 @@ from typing import Protocol
 from starlette.datastructures import Headers
 from starlette.types import Scope
 
-from models.outputs import OutputSource
-from models.sampling_params import SamplingParams
+from models import OutputSource, SamplingParams
 
 
 def _nothing_held() -> None:

@@ -25,8 +25,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from middleware.keys_file import KeysFile, KeysFileError, load_keys_file
-from middleware.rate_limit.limits import Limits, per_key_limits
+from middleware.keys_file import KeysFile, KeysFileError, Limits, load_keys_file, per_key_limits
 
 log = logging.getLogger("surge.keys")
 

@@ -129,3 +129,27 @@ def _masked(key: str) -> str:
 
 def _format(source: Path) -> str:
     return "JSON" if source.suffix.lower() == ".json" else "YAML"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    rpm: int = 0  # requests per minute; 0 = unlimited
+    tpm: int = 0  # tokens (prompt + max_tokens) per minute; 0 = unlimited
+
+    def __post_init__(self) -> None:
+        if self.rpm < 0 or self.tpm < 0:
+            raise ValueError("rate limits must be 0 (unlimited) or positive")
+
+    @property
+    def is_limited(self) -> bool:
+        return self.rpm > 0 or self.tpm > 0
+
+
+def per_key_limits(keys: KeysFile, default: Limits) -> dict[str, Limits]:
+    """Each key's rate limits: its own `rpm` / `tpm` where the keys file gives them, else `default`."""
+    return {
+        entry.key: Limits(
+            default.rpm if entry.rpm is None else entry.rpm, default.tpm if entry.tpm is None else entry.tpm
+        )
+        for entry in keys.entries
+    }

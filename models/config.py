@@ -31,7 +31,7 @@ class SchedulerConfig:
     # decodes (an idle engine): their first tokens come first. 0 = no such cap. (vLLM's
     # `long_prefill_token_threshold` caps long prompts always, decoding or not.)
     max_prompt_chunk_while_decoding: int = 512
-    # Automatic prefix caching (models/prefix_cache.py): a prompt starts from the K/V of its
+    # Automatic prefix caching (models/kv/prefix_cache.py): a prompt starts from the K/V of its
     # longest prefix seen before, in whole blocks of this many tokens. 16 is vLLM's block size:
     # a multi-turn history re-rendered differently from its reply still reuses all but the
     # block where they part.
@@ -41,12 +41,12 @@ class SchedulerConfig:
     # (max_num_seqs x max_model_len tokens). The pool grows as blocks are kept, up to the bound.
     prefix_cache_bytes: int = 0
     prefix_cache_share: float = 1.0
-    # The K/V's memory budget, slots and prefix cache together (models/kv_budget.py): bytes, or
+    # The K/V's memory budget, slots and prefix cache together (models/kv/budget.py): bytes, or
     # (when 0) a share of the device's memory that the weights and the K/V may fill together,
     # vLLM's --gpu-memory-utilization; both 0: no budget, the slots sized by the flags alone.
     kv_cache_bytes: int = 0
     kv_cache_share: float = 0.9
-    # Set by the budget, not by a flag (models/kv_budget.py). Where the slot cache commits memory
+    # Set by the budget, not by a flag (models/kv/budget.py). Where the slot cache commits memory
     # only as tokens are written (the CPU's) and the budget holds fewer than max_num_seqs
     # sequences at max_model_len, sequences are admitted by tokens instead: while the running
     # ones' prompts plus max_tokens (each capped at max_model_len, plus kv_slack_tokens for the
@@ -87,10 +87,10 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     # torch intra-op threads for decode steps on CPU; 0 leaves torch's default; AUTO_THREADS
-    # measures at warm-up (models/threads.py): one thread avoids contention with the HTTP process
+    # measures at warm-up (models/runner/threads.py): one thread avoids contention with the HTTP process
     # for a small model, where a second one slows each step; a larger model gains from more.
     num_threads: int = AUTO_THREADS
-    # torch threads for a step that prefills a burst of prompts (models/threads.py): the HTTP side
+    # torch threads for a step that prefills a burst of prompts (models/runner/threads.py): the HTTP side
     # is idle then, so the other cores can help. 0 = every CPU this process may use; a value not
     # above num_threads turns the switch off.
     prefill_threads: int = 0
@@ -101,7 +101,7 @@ class ModelConfig:
     # change (no such repository, gated, offline mode) fails at once.
     download_attempts: int = 5
     # "int8": the linear layers' weights in 8 bits, activations quantized at each call, a scale per
-    # block of 32 where surge's kernel runs, else per channel and per token (models/int8_linear.py;
+    # block of 32 where surge's kernel runs, else per channel and per token (models/linear/int8.py;
     # CPU only). "none": the weights as loaded, in `dtype`.
     quantization: str = "none"
 

@@ -62,7 +62,7 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from models.cpus import available_cpus, prefill_thread_count  # no torch: this process stays free of it
+from models.runner.cpus import available_cpus, prefill_thread_count  # no torch: this process stays free of it
 from scripts.benchkit import llama, prefix, prefix_run, structured
 from scripts.benchkit.ceiling import CEILING_PROMPT_TOKENS, ceiling_worker, thread_counts
 from scripts.benchkit.load import (
@@ -475,7 +475,7 @@ def run_ceiling(model_dir: Path, batch: int, new_tokens: int, device: str, dtype
 
 
 def ensure_model(size: str, cache_dir: Path) -> Path:
-    code = "import sys; from pathlib import Path; from models.tiny import ensure_tiny; "
+    code = "import sys; from pathlib import Path; from models.loading.tiny import ensure_tiny; "
     code += "print(ensure_tiny(Path(sys.argv[1]), sys.argv[2]))"
     return Path(run_python(["-c", code, str(cache_dir), size], f"building the {size} model"))
 

@@ -34,13 +34,13 @@ from pathlib import Path
 import torch
 
 from models.config import ModelConfig, SchedulerConfig
-from models.cpus import available_cpus, prefill_thread_count
-from models.engine import EngineCore
-from models.loader import LoadedModel, load_model
-from models.model_runner import ModelRunner
-from models.outputs import RequestOutput
-from models.sampling_params import SamplingParams
-from models.tiny import ensure_tiny
+from models.engine.core import EngineCore
+from models.engine.outputs import RequestOutput
+from models.loading.loader import LoadedModel, load_model
+from models.loading.tiny import ensure_tiny
+from models.runner.cpus import available_cpus, prefill_thread_count
+from models.runner.model_runner import ModelRunner
+from models.sampling.params import SamplingParams
 from scripts.benchkit.ceiling import ceiling_worker, thread_counts
 
 RUNNERS = ("packed", "split")
@@ -106,7 +106,7 @@ def closed_loop(
     core = EngineCore(loaded, config, publish, on_iteration=on_iteration)
     core.runner = ModelRunner(loaded.model, config.max_num_seqs, config.max_model_len or 256, packed=packed)
     # On this thread, the one that loaded the model, as in the engine process: a loop on another
-    # thread pays OpenMP wake-ups on every op (EngineCore.start_on_own_thread); here it made the
+    # thread pays OpenMP wake-ups on every op (models/engine/own_thread.py); here it made the
     # closed loop 1.15x slower.
     core.run()
     elapsed = end - begin

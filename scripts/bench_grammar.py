@@ -79,13 +79,13 @@ def figures(
 
 
 def bench_llguidance(hf_tokenizer: Any, steps: int, seed: int) -> dict[str, Any]:
-    """What surge runs: models/grammar.py's compiler and masks, applied with one masked_fill_."""
+    """What surge runs: models/grammar/compiler.py's compiler and masks, applied with one masked_fill_."""
     import llguidance
     import llguidance.hf
     import torch
 
-    from models.grammar import json_schema_grammar
-    from models.grammar_masks import fill_disallowed
+    from models.grammar.compiler import json_schema_grammar
+    from models.grammar.masks import fill_disallowed
 
     tokenizer, setup_s = timed(lambda: llguidance.hf.from_tokenizer(hf_tokenizer))
     vocab = tokenizer.vocab_size
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from models.tiny import ensure_tokenizer
+    from models.loading.tiny import ensure_tokenizer
 
     torch.set_num_threads(1)
     hf_tokenizer = AutoTokenizer.from_pretrained(ensure_tokenizer())

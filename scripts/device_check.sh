@@ -7,7 +7,7 @@
 # network: the wheels in .whl/ (fetched here by scripts/device_wheels.sh, carried to the machine)
 # are installed into /tmp/site first. Then, each step under its own `timeout`, so one hang costs
 # only its own step and the script always goes on to the next:
-#   (a) tests/models/test_model_runner.py and test_architectures.py with SURGE_TEST_DEVICE    -> pytest.log
+#   (a) tests/models/runner/test_model_runner.py and test_architectures.py with SURGE_TEST_DEVICE    -> pytest.log
 #   (b) `surge serve` on the tiny m model, default dtype, driven by the openai SDK; /metrics   -> serve.log
 #   (c) python -m scripts.bench_engine on m and l                                                    -> bench_engine.log
 #   (d) python -m scripts.bench: surge, `transformers serve` and the ceiling on the device          -> serving_bench.log
@@ -85,7 +85,7 @@ for name in ("transformers", "accelerate", "tokenizers", "huggingface_hub", "saf
         print(f"{name:16s} {getattr(module, '__version__', '?'):12s} {module.__file__}")
     except Exception as exc:
         print(f"{name:16s} MISSING: {exc!r}")
-import app.server, models.engine_child, middleware.edge.auth  # noqa: E401,F401  everything surge imports
+import app.server.factory, models.process.child, middleware.edge.auth  # noqa: E401,F401  everything surge imports
 print("surge imports: ok")
 EOF
 
@@ -97,7 +97,7 @@ done
 # --- (a) the engine's model tests on the device ---------------------------------------------------
 # No -x: one run has to show every failure. Per-test timeout 90 s (CPU: under 5 s each). Only the
 # two plugins the tests use: whatever else is installed there cannot break the collection.
-TESTS=(tests/models/test_model_runner.py tests/models/test_architectures.py)
+TESTS=(tests/models/runner/test_model_runner.py tests/models/runner/test_architectures.py)
 if [ "$QUICK" = 1 ]; then TESTS+=(-k llama); fi
 export SURGE_TEST_DEVICE=$DEVICE
 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 step pytest 200 "$OUT/pytest.log" "$PYTHON" -m pytest -q -rfE \

@@ -40,7 +40,7 @@ import httpx
 from scripts.harness.servers import REPO_ROOT, ServerProcess, surge_argv
 
 MODEL_NAME = "echo"
-# The echo model's text (models/echo.py) is a few short tokens; the bare server sends one of
+# The echo model's text (models/runner/echo.py) is a few short tokens; the bare server sends one of
 # these per content event so its payloads are the same size.
 BARE_TOKENS = (" surge", " echo", " streams", " tokens", ".")
 

@@ -6,7 +6,7 @@ Q8_0 GGUF of the same weights, each against its own float32, on one fixed text.
 Both sides are scored the way llama.cpp's `llama-perplexity` scores: the text tokenized once, cut
 into chunks of `--ctx` tokens, each chunk evaluated from an empty cache, and only the predictions
 of its second half counted (each with at least ctx/2 tokens of context). surge's side is the model
-as `surge serve` loads it (models/loader.py: float32 with its packed linears, or int8); llama.cpp's
+as `surge serve` loads it (models/loading/loader.py: float32 with its packed linears, or int8); llama.cpp's
 side is `llama-perplexity` on the f32 and Q8_0 GGUFs (built into the bench cache on first use,
 about 15 minutes; `--build-llama-server` shares it), the f32 run's logits saved as the base its
 Q8_0 run's KL divergence is taken against. The two float32 perplexities agreeing is the check
@@ -31,13 +31,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.block_int8_linear import BlockInt8Linear
 from models.config import ModelConfig
-from models.cpus import available_cpus
-from models.int8_linear import Int8Linear
-from models.loader import load_model
-from models.packed_linear import PackedLinear
-from models.tiny_corpus import CORPUS_SEED, build_corpus
+from models.linear.block_int8 import BlockInt8Linear
+from models.linear.int8 import Int8Linear
+from models.linear.packed import PackedLinear
+from models.loading.loader import load_model
+from models.loading.tiny_corpus import CORPUS_SEED, build_corpus
+from models.runner.cpus import available_cpus
 from scripts.bench import REPO_ROOT, ensure_model
 from scripts.benchkit import llama
 

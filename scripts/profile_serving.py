@@ -89,7 +89,7 @@ def read_collapsed(path: Path, name: str) -> Profile:
 
 
 def _short(frame: str) -> str:
-    """`step (/work/main/models/engine.py:120)` -> `step (models/engine.py:120)`; site-packages trimmed."""
+    """`step (/src/surge/models/engine/core.py:120)` -> `step (models/engine/core.py:120)`; site-packages trimmed."""
     for marker in ("site-packages/", str(Path(__file__).resolve().parents[1]) + "/"):
         if marker in frame:
             head, _, tail = frame.partition("(")

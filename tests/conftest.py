@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from models.cpus import bound_onednn_caches
+from models.runner.cpus import bound_onednn_caches
 from scripts.harness.redis_server import RedisServer
 
-# As surge serve does, before any test module imports torch (models/cpus.py).
+# As surge serve does, before any test module imports torch (models/runner/cpus.py).
 bound_onednn_caches()
 # No test may reach a model hub: everything is built locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,7 +26,7 @@ def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(model_root: Path) -> Path:
     """The `s` tiny Llama: the model every engine and HTTP test serves."""
-    from models.tiny import build_tiny
+    from models.loading.tiny import build_tiny
 
     return build_tiny("s", model_root / "llama-s")
 

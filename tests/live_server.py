@@ -28,10 +28,10 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
-from app.server import create_app
-from app.settings import Settings
-from app.state import ServerState
-from models.async_engine import AsyncEngine
+from app.config.settings import Settings
+from app.runtime.state import ServerState
+from app.server.factory import create_app
+from models.process.async_engine import AsyncEngine
 from scripts.harness.servers import wait_until_ready
 
 MODEL_NAME = "tiny-test"
@@ -126,7 +126,7 @@ def running_server(model: Path | str, **settings: object) -> Iterator[LiveServer
 
     The engine runs on a thread here unless `engine_mode="process"` is passed: many tests reach
     into it (its counters, a failing forward pass). The process mode has its own tests
-    (tests/models/test_engine_process.py, tests/app/test_engine_process_http.py) and is what
+    (tests/models/process/test_parent.py, tests/app/test_engine_process_http.py) and is what
     `surge serve` subprocess tests run.
     """
     settings.setdefault("engine_mode", "thread")

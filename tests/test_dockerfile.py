@@ -158,7 +158,7 @@ def test_dockerignore_keeps_the_heavy_and_private_things_out() -> None:
     patterns = dockerignore()
     for path in (".venv", ".cache", "bench-results", ".pytest_cache", ".git", "app/__pycache__"):
         assert is_ignored(path, patterns), path
-    assert not is_ignored("app/server.py", patterns)
+    assert not is_ignored("app/server/factory.py", patterns)
 
 
 def test_the_parser_joins_continuations_and_drops_comments() -> None:

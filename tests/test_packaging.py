@@ -28,7 +28,7 @@ def test_the_wheel_carries_every_subpackage(tmp_path: Path) -> None:
     (wheel,) = wheels.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     packages = [init.relative_to(ROOT).as_posix() for top in PACKAGES for init in (ROOT / top).rglob("__init__.py")]
-    assert "app/routes/__init__.py" in packages  # the check covers subpackages
+    assert "app/server/__init__.py" in packages  # the check covers subpackages
     assert [p for p in packages if p not in names] == []
-    # Not a package: the int8 block kernel's C source, which models/block_kernel.py compiles.
-    assert "models/kernels/q8_blocks.c" in names
+    # Not a package: the int8 block kernel's C source, which models/linear/block_kernel.py compiles.
+    assert "models/linear/kernels/q8_blocks.c" in names

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from models.grammar import JSON_OPTIONS
+from models import JSON_OPTIONS
 
 # A function that takes no parameters takes an empty object (OpenAI: "omitting `parameters`
 # defines a function with an empty parameter list").

@@ -29,8 +29,7 @@ from dataclasses import dataclass, replace
 from middleware.admission.degradation import TierLevels
 from middleware.errors import OpenAIError, service_unavailable
 from middleware.generation import Generation, Handler
-from models.outputs import OutputSource
-from models.sampling_params import SamplingParams
+from models import OutputSource, SamplingParams
 
 DEGRADED_HEADER = "x-surge-degraded"
 DEFAULT_CANNED_REPLY = "The service is very busy right now. Please try again in a little while."
@@ -139,7 +138,7 @@ class Admission:
     def check_queue(self, num_sequences: int = 1, key: str | None = None) -> None:
         """The bound on waiting sequences (each choice of each prompt is one): before a body is
         read, a request counts one; after parsing, all of its sequences. An empty queue takes any
-        request (at most MAX_SEQUENCES, app/schemas/limits.py), so none waits forever for room.
+        request (at most MAX_SEQUENCES, app/openai/limits.py), so none waits forever for room.
         Then `key`'s share of the bound: a 429, since it is that key's own volume that is refused."""
         num_waiting = self._queue()[0] + self.num_held
         bound = self.config.max_queued_requests

@@ -17,8 +17,7 @@ from types import TracebackType
 from middleware.dedup.cache import DedupCache
 from middleware.errors import OpenAIError
 from middleware.generation import Generation, Handler
-from models.outputs import OutputSource, RequestOutput
-from models.sequence import FinishReason
+from models import FinishReason, OutputSource, RequestOutput
 
 
 class DegradedReplyLayer:

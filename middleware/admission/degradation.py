@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from models.load_stats import LoadSnapshot
+from models import LoadSnapshot
 
 MAX_LEVEL = 4
 

@@ -44,8 +44,7 @@ from middleware.dedup.flight import Flight, SharedGeneration
 from middleware.dedup.store import Claim, LocalResults, RedisDedupStore
 from middleware.generation import Generation, Handler
 from middleware.redis import RedisBackend, RedisUnavailable
-from models.outputs import OutputSource
-from models.sampling_params import SamplingParams
+from models import OutputSource, SamplingParams
 
 log = logging.getLogger("surge.dedup")
 

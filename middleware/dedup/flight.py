@@ -17,8 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 
-from models.outputs import RequestOutput
-from models.sequence import FinishReason
+from models import FinishReason, RequestOutput
 
 FlightCallback = Callable[["Flight"], None]
 

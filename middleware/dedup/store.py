@@ -32,8 +32,7 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from middleware.redis import RedisBackend
-from models.outputs import RequestOutput, TokenLogprob
-from models.sequence import FinishReason
+from models import FinishReason, RequestOutput, TokenLogprob
 
 KEY_PREFIX = "surge:dedup:"
 FORMAT_VERSION = 1

@@ -5,7 +5,7 @@ the visitor's browser send requests to the surge on their machine as same-origin
 CORS rule applies and the page reads every answer. The browser still sends `Host: evil.example`;
 with no API key to present, that is what gives the page away.
 
-Rules (app/door.py installs this layer only while auth is off and `--allowed-host '*'` is not
+Rules (app/server/door.py installs this layer only while auth is off and `--allowed-host '*'` is not
 given: with auth on the key protects, whatever the name):
 - non-HTTP scopes and the probe paths (`/health`, `/ready`: a kubelet may send any Host) pass;
 - a Host that is an IP address (`127.0.0.1:8000`, `[::1]`, a pod's IP) passes, any port: a

@@ -24,8 +24,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from middleware.errors import send_error
 from middleware.key_ring import KeySet
+from middleware.keys_file import Limits
 from middleware.rate_limit.buckets import TokenBuckets
-from middleware.rate_limit.limits import Limits, RateLimitCounts, RateLimitExceeded, RequestLimits
+from middleware.rate_limit.limits import RateLimitCounts, RateLimitExceeded, RequestLimits
 
 RATE_LIMITED_PATHS = ("/v1/chat/completions", "/v1/completions")
 

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from middleware.errors import OpenAIError, error_json, send_error
 from middleware.generation import Generation, Handler
 from middleware.key_ring import KeySet
-from models.outputs import OutputSource
+from models import OutputSource
 
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
 LEASE_STATE = "concurrency_lease"  # scope["state"] key of a limited request's `KeyLease`

@@ -18,7 +18,7 @@ from starlette.types import Scope
 from middleware.errors import OpenAIError
 from middleware.generation import Generation, Handler
 from middleware.rate_limit.limits import RateLimitExceeded, RequestLimits, TokenReservation
-from models.outputs import OutputSource, RequestOutput
+from models import OutputSource, RequestOutput
 
 
 class TokenLayer:

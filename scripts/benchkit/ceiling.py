@@ -4,7 +4,7 @@ What a serving system at concurrency B is measured against: B prompts of CEILING
 random tokens, prefilled together, then one token per row per step. Two ways of running it, each
 at every torch thread count from 1 to the CPUs this process may use (on a GPU, one count: CPU
 threads only launch kernels there), each with torch's own linear kernels and, on the CPU, with
-surge's oneDNN packed ones (models/packed_linear.py), and the ceiling is the best of all:
+surge's oneDNN packed ones (models/linear/packed.py), and the ceiling is the best of all:
 - `loop`: a hand-written decode loop over a `DynamicCache` (no `generate()` machinery, about 2 ms
   of Python a step less on tiny models); its prefill runs on every CPU, as a burst's prefill may;
 - `generate`: Hugging Face's `model.generate`, greedy, eos ignored (min_new_tokens).
@@ -43,7 +43,7 @@ def ceiling_worker(
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from models.packed_linear import pack_linears
+    from models.linear.packed import pack_linears
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
     generator = torch.Generator().manual_seed(0)
@@ -89,7 +89,7 @@ def ceiling_worker(
     tried: list[dict[str, Any]] = []
     for kernels in ("torch", "onednn"):
         if kernels == "onednn" and (on_cuda or not pack_linears(model, rows_hint=batch, min_speedup=0.0)):
-            break  # surge's packed linears (models/packed_linear.py): on the CPU, where this torch has them
+            break  # surge's packed linears (models/linear/packed.py): on the CPU, where this torch has them
         for method, run in (("loop", loop), ("generate", generate)):
             for num_threads in threads:
                 run(num_threads)  # warmup

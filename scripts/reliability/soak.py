@@ -7,7 +7,7 @@
 idempotent request and its retry with the same `Idempotency-Key` (at once, which may get a 409
 first, or after it ended: a replay), an exact duplicate of a recent greedy request (the dedup
 cache), a stream the client closes after a few chunks, and a JSON request the client gives up on.
-The server runs with `SURGE_TRACEMALLOC=1` (app/diagnostics.py): SIGUSR1 to the server and its
+The server runs with `SURGE_TRACEMALLOC=1` (app/ops/diagnostics.py): SIGUSR1 to the server and its
 engine process writes their top allocation sites after warm-up and at the end. The idempotency
 and dedup TTLs are shortened, and the prefix cache bounded small, so the three caches reach their
 steady size within the warm-up.

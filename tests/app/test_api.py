@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from app.routes.system import model_root
-from app.settings import Settings
+from app.config.settings import Settings
+from app.server.system import model_root
 from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]

@@ -147,7 +147,7 @@ CATALOGUE = [
         endpoints=CHAT_ONLY),
     Bad("four-thousand-messages", 400, CONTEXT, "messages", {"messages": messages(4000)},
         code="context_length_exceeded", endpoints=CHAT_ONLY),
-    # Caps on every list and map (app/schemas/limits.py).
+    # Caps on every list and map (app/openai/limits.py).
     Bad("ten-thousand-messages", 400, "at most 4096 items", "messages", {"messages": messages(10_000)},
         endpoints=CHAT_ONLY),
     Bad("257-content-parts", 400, "at most 256 items", "messages.0.content",
@@ -168,7 +168,7 @@ CATALOGUE = [
         endpoints=COMPLETIONS_ONLY),
     Bad("prompts-times-n", 400, "at most 256 sequences per request", None, {"prompt": ["Hi"] * 20, "n": 16},
         endpoints=COMPLETIONS_ONLY),
-    # The request budget (app/request_budget.py): 32 x 64 tokens of work, OUTPUT_BUDGET of output.
+    # The request budget (app/runtime/request_budget.py): 32 x 64 tokens of work, OUTPUT_BUDGET of output.
     Bad("work-past-the-request-budget", 400, "the server allows 2048 per request", "max_tokens",
         {"prompt": ["Hi"] * 128, "n": 2, "max_tokens": 8}, endpoints=COMPLETIONS_ONLY),
     Bad("n-times-max-tokens-times-top-logprobs", 400, "output tokens and log probabilities", "max_tokens",
@@ -333,7 +333,7 @@ def test_bad_requests_cost_no_tokens(live: LiveServer, http: httpx.Client) -> No
 def test_a_left_out_max_tokens_is_lowered_to_the_request_budget(http: httpx.Client) -> None:
     """OpenAI's default max_tokens is the rest of the context; past the budget it is lowered to fit
     (2000 // (16 choices x 21) = 5 tokens each), and the request runs rather than failing for a
-    number its client never sent. (The work budget's arithmetic: tests/app/test_request_budget.py;
+    number its client never sent. (The work budget's arithmetic: tests/app/runtime/test_request_budget.py;
     this module's TPM limit is below it.)"""
     chat = {**BASE[CHAT], "n": 16, "logprobs": True, "top_logprobs": 20, "ignore_eos": True}
     del chat["max_tokens"]

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.server import warn_if_open
-from app.settings import Settings
+from app.config.settings import Settings
+from app.server.factory import warn_if_open
 from scripts.harness.ports import free_port
 from scripts.harness.servers import ServerProcess
 
@@ -71,7 +71,7 @@ def test_the_engine_child_can_start_before_torch_is_imported() -> None:
     child's imports and model load overlap the server's. What runs before the spawn (settings,
     logging, the spawn helper) must not import torch or transformers, or the overlap is lost."""
     code = (
-        "import sys, app.cli, app.settings, app.diagnostics, models.engine_spawn;"
+        "import sys, app.cli, app.config.settings, app.ops.diagnostics, models.process.spawn;"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)

@@ -1,7 +1,7 @@
 """A forward pass that raises, in the engine's own process: that batch's requests fail with a
 500-class error, everything else is served, and the loop goes on.
 
-The failure is injected through `SURGE_FAULT_FORWARD_ERROR_STEPS` (models/faults.py), which
+The failure is injected through `SURGE_FAULT_FORWARD_ERROR_STEPS` (models/engine/faults.py), which
 the engine process inherits from `surge serve`'s environment. Steps are counted after warmup,
 so with one request at a time the failing step is known exactly:
 
@@ -25,8 +25,8 @@ import httpx
 import openai
 import pytest
 
-from models.faults import FORWARD_ERROR_STEPS_ENV
-from models.outputs import MODEL_FAILED
+from models.engine.faults import FORWARD_ERROR_STEPS_ENV
+from models.engine.outputs import MODEL_FAILED
 from scripts.harness.servers import start_surge
 from tests.app.fault_tools import metric, wait_idle
 

@@ -36,7 +36,7 @@ CHAT = "/v1/chat/completions"
 # Degradation off: a wave of stalled clients queued behind a full batch would (rightly) raise the
 # level, and level 3 answers normal streams with canned replies; this test is about slow readers.
 # The send timeout off: the stalled clients must hold on for the whole test (cutting them is
-# tests/app/test_connections.py's).
+# tests/app/runtime/test_connections.py's).
 ARGS = (
     "--served-model-name", "m", "--max-model-len", "2048", "--max-num-seqs", "16",
     "--degrade-thresholds", "off", "--log-level", "warning", "--send-timeout-seconds", "0",

@@ -19,13 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
-import models.json_schema
-from models.grammar import TOO_COMPLEX, json_schema_grammar
-from models.json_schema import SchemaBounds
+import models.grammar.json_schema
+from models.grammar.compiler import TOO_COMPLEX, json_schema_grammar
+from models.grammar.json_schema import SchemaBounds
 from scripts.harness.servers import ServerProcess, surge_server
-from tests.app.test_metrics import Scrape
+from tests.app.ops.test_metrics import Scrape
 from tests.live_server import MODEL_NAME, LiveServer, running_server
-from tests.models.test_json_schema import optional, ref_chain
+from tests.models.grammar.test_json_schema import optional, ref_chain
 
 USER = [{"role": "user", "content": "Give me the document."}]
 # A template that shows the model no tools, as many do: a tool's schema then reaches the grammar
@@ -132,7 +132,7 @@ def test_a_native_crash_in_either_process_leaves_a_trace_in_the_log(tiny_model_d
 @pytest.fixture
 def permissive_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Lets a schema past the check, as the review found ones that pass it and still fail."""
-    monkeypatch.setattr(models.json_schema, "DEFAULT_BOUNDS", SchemaBounds(max_open_properties=100_000))
+    monkeypatch.setattr(models.grammar.json_schema, "DEFAULT_BOUNDS", SchemaBounds(max_open_properties=100_000))
 
 
 def test_a_grammar_failure_mid_generation_is_a_400_not_a_server_error(

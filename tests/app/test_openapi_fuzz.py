@@ -1,7 +1,7 @@
 """schemathesis against the server's own /openapi.json: no 5xx, every error in OpenAI's shape.
 
 One test per operation in the schema (the two generation endpoints read their bodies by hand;
-`app/body.py` documents those bodies so schemathesis can build them). The schema is taken from
+`app/runtime/body.py` documents those bodies so schemathesis can build them). The schema is taken from
 an app built at import time, since pytest collects the tests before any server runs; the test
 checks it is the document the live server serves. NOTE: not `schemathesis.pytest.from_fixture`,
 which sets a private pytest attribute (`_nodeid`) that pytest 9 no longer has. Examples are both
@@ -22,8 +22,8 @@ import schemathesis
 from schemathesis import GenerationMode
 from schemathesis.config import HealthCheck
 
-from app.server import create_app
-from app.settings import Settings
+from app.config.settings import Settings
+from app.server.factory import create_app
 from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 MAX_EXAMPLES = 30  # per operation and generation mode

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from models.config import SchedulerConfig
-from tests.app.test_metrics import Scrape
+from tests.app.ops.test_metrics import Scrape
 from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 BLOCK = SchedulerConfig().prefix_cache_block_size

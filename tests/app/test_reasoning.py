@@ -12,7 +12,7 @@ import pytest
 
 from app.reasoning import ReasoningStream, prompt_opens_reasoning, split_reasoning, template_reasons
 from app.tools.calls import ContentDelta
-from models import tiny
+from models.loading import tiny
 from tests.app.tools.streaming import splits
 from tests.live_server import MODEL_NAME, running_server
 

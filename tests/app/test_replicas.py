@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from models.tiny import build_tiny
+from models.loading.tiny import build_tiny
 from scripts.harness.redis_server import RedisServer
 from scripts.harness.servers import start_surge
 
@@ -48,7 +48,7 @@ def replicas(tiny_model_dir: Path, model_root: Path) -> Iterator[tuple[str, str,
             b.wait_ready()
             yield a.url, b.url, redis.url
         finally:
-            # Their shutdown is not under test (tests/app/test_shutdown.py): a graceful stop each was
+            # Their shutdown is not under test (tests/app/server/test_shutdown.py): a graceful stop each was
             # 2.7 s of teardown (the 2 s drain delay).
             a.stop(graceful=False)
             b.stop(graceful=False)

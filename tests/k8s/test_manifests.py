@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from app.options import OPTIONS
+from app.config.options import OPTIONS
 from tests.k8s.conftest import K8S, OVERLAYS, find, kustomize, load_yaml
 
 HPA_METRIC = "surge_requests_in_queue_per_worker"

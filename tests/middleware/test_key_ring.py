@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from middleware.key_ring import KeyRing, KeySet, KeysFileWatcher
-from middleware.keys_file import load_keys_file
-from middleware.rate_limit.limits import Limits
+from middleware.keys_file import Limits, load_keys_file
 
 DEFAULT = Limits(rpm=60, tpm=0)
 

@@ -9,10 +9,9 @@ import pytest
 from fastapi import FastAPI, Request
 
 from app.cli import main
-from app.settings import Settings
+from app.config.settings import Settings
 from middleware.edge.auth import ApiKeyMiddleware
-from middleware.keys_file import KeyEntry, KeysFileError, load_keys_file
-from middleware.rate_limit.limits import Limits, per_key_limits
+from middleware.keys_file import KeyEntry, KeysFileError, Limits, load_keys_file, per_key_limits
 from tests.live_server import serve_app
 
 YAML = """

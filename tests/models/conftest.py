@@ -2,7 +2,7 @@
 device the tests that take `device` run on.
 
 `SURGE_TEST_DEVICE` (default `cpu`) moves those tests to another device, e.g.
-`SURGE_TEST_DEVICE=cuda pytest tests/models/test_model_runner.py tests/models/test_architectures.py`
+`SURGE_TEST_DEVICE=cuda pytest tests/models/runner/test_model_runner.py tests/models/runner/test_architectures.py`
 on a GPU machine (scripts/device_check.sh).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from models.tiny import build_tiny
+from models.loading.tiny import build_tiny
 
 TEST_DEVICE = os.environ.get("SURGE_TEST_DEVICE", "cpu")
 

@@ -93,7 +93,7 @@ def test_the_ceiling_tries_every_thread_count_up_to_the_cpus() -> None:
 
 
 def test_llama_server_runs_on_every_cpu_unless_told(bench: ModuleType, tmp_path: Path) -> None:
-    from models.cpus import available_cpus
+    from models.runner.cpus import available_cpus
 
     binary, gguf = tmp_path / "llama-server", tmp_path / "m.gguf"
     binary.write_text("#!/bin/sh\n")

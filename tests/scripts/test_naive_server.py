@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from models.tiny import build_tiny
+from models.loading.tiny import build_tiny
 from scripts.harness.servers import ServerProcess
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.tools.formats import FORMATS, format_for
-from models.tiny import CHAT_TEMPLATE
+from models.loading.tiny import CHAT_TEMPLATE
 
 # The telling lines of real templates (Mistral's v3 and Llama 3.1's).
 MISTRAL_TEMPLATE = "{%- if message['tool_calls'] is defined %}{{- '[TOOL_CALLS] [' }}"

@@ -15,11 +15,11 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from app.tools.formats import FORMATS
 from app.tools.grammar import CallGrammar, FunctionSpec, hermes_grammar, llama3_grammar, mistral_grammar
-from models import tiny
-from models.grammar import GrammarCompiler
-from models.grammar_masks import fill_disallowed
-from models.sampler import Sampler, SamplingRow, make_generator
-from models.sampling_params import SamplingParams
+from models.grammar.compiler import GrammarCompiler
+from models.grammar.masks import fill_disallowed
+from models.loading import tiny
+from models.sampling.params import SamplingParams
+from models.sampling.sampler import Sampler, SamplingRow, make_generator
 
 WEATHER = FunctionSpec(
     "get_weather",

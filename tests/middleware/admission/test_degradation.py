@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from middleware.admission.degradation import DegradationConfig, Degrader, TierLevels, load_score
-from models.load_stats import LoadSnapshot
+from models.load.stats import LoadSnapshot
 
 
 class Clock:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from models.faults import ForwardFaults
+from models.engine.faults import ForwardFaults
 from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 TIER_0, TIER_1, TIER_2 = "sk-tier-0", "sk-tier-1", "sk-tier-2"

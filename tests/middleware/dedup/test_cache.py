@@ -19,17 +19,17 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from app.collect import collect
+from app.generation.collect import collect
 from middleware.dedup.cache import DedupCache, request_fingerprint, wants_fresh
 from middleware.dedup.flight import SharedGeneration
 from middleware.dedup.store import KEY_PREFIX, LocalResults, RedisDedupStore, decode_result, encode_result
 from middleware.errors import OpenAIError, service_unavailable
 from middleware.redis import RedisBackend
-from models.async_engine import AsyncEngine, RequestGroup
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
-from models.outputs import MODEL_FAILED, OutputSource, RequestOutput
-from models.sampling_params import SamplingParams
-from models.sequence import FinishReason
+from models.engine.outputs import MODEL_FAILED, OutputSource, RequestOutput
+from models.process.async_engine import AsyncEngine, RequestGroup
+from models.sampling.params import SamplingParams
+from models.scheduler.sequence import FinishReason
 from scripts.harness.redis_server import RedisServer
 
 MODEL = "tiny-test"
@@ -175,7 +175,7 @@ async def test_cache_control_no_cache_and_a_zero_ttl_bypass() -> None:
 
 
 def test_result_serialization_round_trips() -> None:
-    from models.outputs import TokenLogprob
+    from models.sampling.logprobs import TokenLogprob
 
     outputs = [
         RequestOutput("r", "Hé", [5, 6], 3, 2, [TokenLogprob(5, -0.5, ((5, -0.5), (7, -1.25)))] * 2),

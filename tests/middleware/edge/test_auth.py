@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import Message, Receive, Scope, Send
 
-from app.errors import install_error_handlers
+from app.server.errors import install_error_handlers
 from middleware.edge.auth import ApiKeyMiddleware
 from tests.live_server import serve_app
 

@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from app.errors import install_error_handlers
+from app.server.errors import install_error_handlers
 from middleware.edge.body_limit import BodyLimitMiddleware
 from tests.live_server import serve_app
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from app.logs import JsonFormatter, RequestIdFilter
+from app.ops.logs import JsonFormatter, RequestIdFilter
 from middleware.edge.request_id import (
     MAX_REQUEST_ID_LENGTH,
     RequestIdMiddleware,

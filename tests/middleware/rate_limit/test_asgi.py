@@ -17,9 +17,10 @@ import yaml
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
+from middleware.keys_file import Limits
 from middleware.rate_limit.asgi import RateLimitMiddleware
 from middleware.rate_limit.buckets import InProcessBuckets, RedisBuckets
-from middleware.rate_limit.limits import Limits, go_duration
+from middleware.rate_limit.limits import go_duration
 from scripts.harness.redis_server import RedisServer
 from tests.live_server import MODEL_NAME, LiveServer, running_server
 

@@ -1,0 +1,1 @@
+"""POST /v1/chat/completions: OpenAI's Chat Completions to and from one generation request."""

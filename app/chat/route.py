@@ -1,0 +1,155 @@
+"""POST /v1/chat/completions: JSON and SSE, with tools and structured outputs."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from app.chat.chunks import ChatChunks
+from app.chat.render import chat_finish_reason, tool_calls_json
+from app.generation.collect import ChoiceResult, ClientDisconnected, collect, unless_disconnected
+from app.generation.pipeline import start_generation
+from app.generation.sse import sse_response
+from app.generation.streaming import stream_events
+from app.generation.validation import (
+    check_model,
+    check_template_variables,
+    check_text_fits,
+    sampling_params,
+    tokenize_sized,
+)
+from app.openai import ChatChunkEncoder, ChatCompletionRequest, Usage, cached_tokens, new_chat_completion_id
+from app.openai.render import chat_logprobs_json
+from app.reasoning import prompt_opens_reasoning, split_reasoning
+from app.response_format import constrain
+from app.runtime.body import documented_body, json_body
+from app.runtime.state import generation_inputs
+from app.tools.choice import ToolPlan, plan_and_constrain
+from middleware.errors import invalid_request
+from models import AsyncEngine
+
+router = APIRouter()
+_parse_body = json_body(ChatCompletionRequest)
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    openapi_extra=documented_body(ChatCompletionRequest),
+)
+async def create_chat_completion(request: Request) -> Response:
+    body, state, engine = await generation_inputs(request, _parse_body)
+    check_model(state.settings, body.model)
+    check_template_variables(engine, body.chat_template_kwargs)
+
+    def encode() -> list[int]:
+        check_text_fits(engine, [message.text for message in body.messages], "messages")
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
+        try:
+            return engine.tokenizer.encode_chat(body.template_messages(), tools, body.chat_template_kwargs)
+        except Exception as exc:  # a template that rejects the conversation (e.g. role order)
+            message = f"The chat template could not render these messages: {exc}"
+            raise invalid_request(message, param="messages") from exc
+
+    prompt = await tokenize_sized(len(await request.body()), encode)
+    choice_params = sampling_params(engine, state.settings, body, [len(prompt)], body.requested_max_tokens, "messages")
+    constraints = state.constraints(request, engine.grammars)
+    plan = None
+    if body.tools:
+        special_id = engine.tokenizer.special_token_id
+        plan, choice_params = await plan_and_constrain(constraints, body, state.tool_format, special_id, choice_params)
+    else:
+        choice_params = await constrain(constraints, body.response_format, choice_params)
+    reasoning = None  # for a reasoning model: whether the reply starts inside a reasoning block
+    if state.reasons:
+        reasoning = prompt_opens_reasoning(str(engine.tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False)))
+    started = await start_generation(request, state, [prompt], choice_params, body.priority, "chat")
+    group, choice_params, headers = started.source, started.choice_params, started.headers
+    completion_id = new_chat_completion_id()
+    created = int(time.time())
+    if body.stream:
+        encoder = ChatChunkEncoder(
+            completion_id=completion_id, model=body.model, created=created, include_usage=body.include_usage
+        )
+        events = stream_events(
+            group,
+            ChatChunks(encoder, engine.tokenizer, plan, reasoning),
+            len(prompt),
+            state.settings.keepalive_seconds,
+            body.include_usage,
+        )
+        return sse_response(
+            events,
+            headers,
+            on_close=lambda: group.__aexit__(None, None, None),
+        )
+    try:
+        results = await unless_disconnected(request, collect(group))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    want_logprobs = body.logprobs and choice_params[0].logprobs is not None  # level 1 drops them
+    return JSONResponse(
+        _response_body(completion_id, created, body.model, results, engine, want_logprobs, plan, reasoning),
+        headers=headers,
+    )
+
+
+def _response_body(
+    completion_id: str,
+    created: int,
+    model: str,
+    results: list[ChoiceResult],
+    engine: AsyncEngine,
+    want_logprobs: bool,
+    plan: ToolPlan | None,
+    reasoning: bool | None,
+) -> dict[str, object]:
+    num_prompt = results[0].num_prompt_tokens
+    num_completion = sum(len(r.token_ids) for r in results)
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [_choice(i, r, engine, want_logprobs, plan, reasoning) for i, r in enumerate(results)],
+        "usage": Usage.of(
+            num_prompt, num_completion, cached_tokens([r.num_cached_tokens for r in results], 1)
+        ).model_dump(),
+    }
+
+
+def _choice(
+    index: int,
+    result: ChoiceResult,
+    engine: AsyncEngine,
+    want_logprobs: bool,
+    plan: ToolPlan | None,
+    reasoning: bool | None,
+) -> dict[str, object]:
+    text = "".join(result.text)
+    reasoning_content = None
+    if reasoning is not None:
+        reasoning_content, text = split_reasoning(text, in_reasoning=reasoning)
+    # `refusal` is required by OpenAI's schema: null, surge never refuses.
+    message: dict[str, object] = {"role": "assistant", "content": text, "refusal": None}
+    if reasoning_content is not None:
+        message["reasoning_content"] = reasoning_content
+    num_calls = 0
+    if plan is not None:
+        reply = plan.format.parse(text)
+        message["content"] = reply.content
+        if reply.calls:
+            message["tool_calls"] = tool_calls_json(reply.calls)
+            num_calls = len(reply.calls)
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": (
+            {"content": chat_logprobs_json(engine.tokenizer, result.logprobs), "refusal": None}
+            if want_logprobs
+            else None
+        ),
+        "finish_reason": chat_finish_reason(result.finish_reason, num_calls, plan),
+    }

@@ -1,0 +1,143 @@
+"""POST /v1/completions (legacy text completions): JSON and SSE, one or several prompts."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from app.generation.collect import ChoiceResult, ClientDisconnected, collect, unless_disconnected
+from app.generation.pipeline import start_generation
+from app.generation.sse import event, sse_response
+from app.generation.streaming import stream_events
+from app.generation.validation import check_model, check_text_fits, sampling_params, tokenize_sized
+from app.openai import CompletionChunkEncoder, CompletionRequest, Usage, cached_tokens, new_completion_id
+from app.openai.render import completion_logprobs_json, finish_reason_text
+from app.response_format import constrain
+from app.runtime.body import documented_body, json_body
+from app.runtime.state import generation_inputs
+from middleware.errors import invalid_request
+from models import RequestOutput, Tokenizer
+
+router = APIRouter()
+_parse_body = json_body(CompletionRequest)
+
+
+@router.post(
+    "/v1/completions",
+    response_model=None,
+    openapi_extra=documented_body(CompletionRequest),
+)
+async def create_completion(request: Request) -> Response:
+    body, state, engine = await generation_inputs(request, _parse_body)
+    check_model(state.settings, body.model)
+    vocab_size = engine.tokenizer.vocab_size
+    inputs = body.prompt_inputs()
+
+    def encode() -> list[list[int]]:
+        prompts = []
+        for index, item in enumerate(inputs):
+            if isinstance(item, str):
+                check_text_fits(engine, [item], "prompt")  # each prompt is a sequence of its own
+            ids = engine.tokenizer.encode(item) if isinstance(item, str) else list(item)
+            if not ids:  # every prompt, not only the longest: the engine cannot start a sequence from nothing
+                which = "The prompt" if len(inputs) == 1 else f"Prompt {index}"
+                raise invalid_request(f"{which} is empty.", "prompt")
+            if any(token_id >= vocab_size for token_id in ids):
+                raise invalid_request(
+                    f"The prompt has a token id outside the vocabulary (size {vocab_size}).", "prompt"
+                )
+            prompts.append(ids)
+        return prompts
+
+    prompts = await tokenize_sized(len(await request.body()), encode)
+    prompt_lens = [len(ids) for ids in prompts]
+    choice_params = sampling_params(engine, state.settings, body, prompt_lens, body.requested_max_tokens, "prompt")
+    choice_params = await constrain(state.constraints(request, engine.grammars), body.response_format, choice_params)
+    started = await start_generation(request, state, prompts, choice_params, body.priority, "completions")
+    group, choice_params, headers = started.source, started.choice_params, started.headers
+    completion_id = new_completion_id()
+    created = int(time.time())
+    num_prompt = sum(len(ids) for ids in prompts)
+    if body.stream:
+        encoder = CompletionChunkEncoder(
+            completion_id=completion_id, model=body.model, created=created, include_usage=body.include_usage
+        )
+        events = stream_events(
+            group,
+            _CompletionChunks(encoder, engine.tokenizer, len(group.request_ids)),
+            num_prompt,
+            state.settings.keepalive_seconds,
+            body.include_usage,
+            num_prompts=len(prompts),
+        )
+        return sse_response(
+            events,
+            headers,
+            on_close=lambda: group.__aexit__(None, None, None),
+        )
+    try:
+        results = await unless_disconnected(request, collect(group))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    want_logprobs = body.logprobs is not None and choice_params[0].logprobs is not None  # level 1 drops them
+    return JSONResponse(
+        _response_body(
+            completion_id, created, body.model, results, engine.tokenizer, num_prompt, len(prompts), want_logprobs
+        ),
+        headers=headers,
+    )
+
+
+def _response_body(
+    completion_id: str,
+    created: int,
+    model: str,
+    results: list[ChoiceResult],
+    tokenizer: Tokenizer,
+    num_prompt: int,
+    num_prompts: int,
+    want_logprobs: bool,
+) -> dict[str, object]:
+    cached = cached_tokens([r.num_cached_tokens for r in results], num_prompts)
+    return {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "text": "".join(r.text),
+                "logprobs": completion_logprobs_json(tokenizer, r.logprobs, 0) if want_logprobs else None,
+                "finish_reason": finish_reason_text(r.finish_reason),
+            }
+            for i, r in enumerate(results)
+        ],
+        "usage": Usage.of(num_prompt, sum(len(r.token_ids) for r in results), cached).model_dump(),
+    }
+
+
+class _CompletionChunks:
+    """A legacy completion stream's chunks: text with its logprobs (offsets run on per choice) and
+    the finish in one chunk."""
+
+    def __init__(self, encoder: CompletionChunkEncoder, tokenizer: Tokenizer, num_choices: int) -> None:
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.usage = encoder.usage
+        self.offsets = [0] * num_choices  # characters of each choice's text so far
+
+    def opening(self, num_choices: int) -> bytes:
+        return b""
+
+    def render(self, index: int, output: RequestOutput) -> bytes:
+        logprobs = (
+            completion_logprobs_json(self.tokenizer, output.logprobs, self.offsets[index]) if output.logprobs else None
+        )
+        self.offsets[index] += len(output.text)
+        if not (output.text or logprobs or output.finished):
+            return b""
+        reason = finish_reason_text(output.finish_reason)
+        return event(self.encoder.text(index, output.text, logprobs=logprobs, finish_reason=reason))

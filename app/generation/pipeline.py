@@ -1,0 +1,109 @@
+"""From a validated request to what the route renders: the after-parse layers, then the engine.
+
+The layers and their order are middleware's (middleware/__init__.py, `AFTER_PARSE`); this module
+builds them once the engine is up, wires them to it (its queue and load figures, its tokenizer for
+the canned reply) and puts the submission to the engine innermost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from app.config.settings import Settings
+from app.runtime.state import RETRY_AFTER_SECONDS, ServerState
+from middleware import AFTER_PARSE
+from middleware.admission.admission import DEGRADED_HEADER, Admission, AdmissionLayer
+from middleware.admission.canned import DegradedReplyLayer
+from middleware.admission.degradation import TierLevels, load_score
+from middleware.admission.priority import check_priority, engine_priority
+from middleware.dedup.cache import DedupLayer
+from middleware.errors import service_unavailable
+from middleware.generation import Generation, GenerationLayer, Handler, chain
+from middleware.rate_limit.concurrency import ConcurrencyLayer
+from middleware.rate_limit.tokens import TokenLayer
+from models import AsyncEngine, OutputSource, SamplingParams
+
+log = logging.getLogger("surge.pipeline")
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    source: OutputSource
+    choice_params: list[SamplingParams]  # as degraded
+    headers: dict[str, str]
+
+
+async def start_generation(
+    request: Request,
+    state: ServerState,
+    prompts: Sequence[list[int]],
+    choice_params: Sequence[SamplingParams],
+    priority: int,
+    endpoint: str,
+) -> Started:
+    """Run the after-parse layers on one request: the source to render, the sampling parameters of
+    its choices as degraded, and the response headers (the degradation level, when one applied)."""
+    if state.pipeline is None:  # built with the engine; the routes ask for the engine first
+        raise state.not_ready_error()
+    key_state = request.scope.get("state", {})
+    check_priority(priority, key_state.get("min_priority", 0))
+    tier = key_state.get("priority_tier", 0)
+    params = list(choice_params)
+    generation = Generation(
+        request.scope, request.headers, endpoint, prompts, params, engine_priority(tier, priority), tier
+    )
+    source = await state.pipeline(generation)
+    return Started(source, generation.choice_params, degraded_headers(generation.level))
+
+
+def degraded_headers(level: int) -> dict[str, str]:
+    """The level applied to a response, in a header: the OpenAI body shape never changes."""
+    return {DEGRADED_HEADER: str(level)} if level else {}
+
+
+def build_pipeline(settings: Settings, state: ServerState, engine: AsyncEngine) -> Handler:
+    """The after-parse layers in `AFTER_PARSE` order around the submission to `engine`; sets
+    `state.admission` (the door's queue check and the metrics read it)."""
+    core = engine.core
+    degradation = settings.degradation
+    tiers = {0, *(settings.keys.priority_tiers().values() if settings.keys is not None else ())}
+    state.admission = admission = Admission(
+        settings.admission,
+        TierLevels(degradation, lambda tier: load_score(engine.load_snapshot(tier), degradation), tiers=tiers),
+        queue=lambda: (core.num_waiting, core.num_waiting_tokens),
+        retry_after=lambda: engine.load_snapshot().queue_time_p90,
+        queue_of=engine.load.num_waiting_of,
+    )
+    canned = settings.admission.canned_reply
+    layers: dict[str, GenerationLayer] = {
+        "concurrency_sequences": ConcurrencyLayer(),
+        "admission": AdmissionLayer(admission),
+        "rate_limit_tokens": TokenLayer(),
+        "degraded_reply": DegradedReplyLayer(
+            state.dedup,
+            model=settings.model_name,
+            shed_priority=settings.admission.shed_priority,
+            text=canned,
+            token_ids=engine.tokenizer.hf.encode(canned, add_special_tokens=False),
+            shed=admission.shed,
+        ),
+        "dedup": DedupLayer(state.dedup, model=settings.model_name),
+    }
+
+    async def submit(generation: Generation) -> OutputSource:
+        """len(prompts) x len(choice_params) sequences; choice index = prompt_index * n + choice."""
+        generation.release_hold()
+        sequences = [(prompt, params) for prompt in generation.prompts for params in generation.choice_params]
+        try:
+            return engine.submit(sequences, priority=generation.priority, share=generation.share, tier=generation.tier)
+        except RuntimeError as exc:
+            log.warning("submit failed: %r", exc)  # the text is for the log, not the client
+            raise service_unavailable("The engine is not available.", RETRY_AFTER_SECONDS) from exc
+
+    if set(layers) != set(AFTER_PARSE):
+        raise RuntimeError(f"after-parse layers {sorted(layers)} do not match middleware.AFTER_PARSE {AFTER_PARSE}")
+    return chain([layers[name] for name in AFTER_PARSE], submit)

@@ -1,0 +1,1 @@
+"""What operators read: Prometheus metrics and their own port, logs, memory diagnostics."""

@@ -1,0 +1,18 @@
+"""Every HTTP route: the system endpoints, then one router per wire protocol.
+
+A protocol is a folder of `app/` with a `route.py` whose `router` translates its wire format to
+one generation request (`app/generation/`) and back; serving it is one line in `PROTOCOLS`.
+"""
+
+from fastapi import APIRouter
+
+from app.chat import route as chat
+from app.completions import route as completions
+from app.server import system
+
+PROTOCOLS: tuple[APIRouter, ...] = (chat.router, completions.router)
+
+router = APIRouter()
+router.include_router(system.router)
+for protocol in PROTOCOLS:
+    router.include_router(protocol)

@@ -1,0 +1,64 @@
+"""The engine's observer hook: what the engine thread reports as it works, for metrics.
+
+The engine calls these from its own thread, once per step or once per event, never per
+request in a loop of its own; an implementation must be thread-safe and cheap (a counter or
+histogram update), and must not block. The engine knows nothing of who listens: the app
+wires a Prometheus implementation in; without one the engine reports to `NULL_OBSERVER`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from models.scheduler.sequence import FinishReason
+
+
+class EngineObserver(Protocol):
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
+        """A step ran the model on `num_seqs` sequences: prompt tokens prefilled, tokens sampled."""
+
+    def on_admitted(self, queue_time: float) -> None:
+        """A request left the queue for the batch after `queue_time` seconds."""
+
+    def on_first_token(self, ttft: float) -> None:
+        """A request's first token, `ttft` seconds after it reached the engine."""
+
+    def on_token_gaps(self, gaps: list[float]) -> None:
+        """Seconds between each decoding sequence's previous token and the one of this step."""
+
+    def on_finish(self, reason: FinishReason, e2e: float) -> None:
+        """A request ended (not aborted), `e2e` seconds after it reached the engine."""
+
+    def on_grammar_masks(self, seconds: float) -> None:
+        """A step spent `seconds` computing the token masks of its constrained rows."""
+
+    def on_grammar_compiled(self, seconds: float) -> None:
+        """A grammar not seen before took `seconds` to compile (the server's check of it)."""
+
+
+class NullObserver:
+    """An observer that keeps nothing: the engine's default, so it never asks whether one listens."""
+
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
+        pass
+
+    def on_admitted(self, queue_time: float) -> None:
+        pass
+
+    def on_first_token(self, ttft: float) -> None:
+        pass
+
+    def on_token_gaps(self, gaps: list[float]) -> None:
+        pass
+
+    def on_finish(self, reason: FinishReason, e2e: float) -> None:
+        pass
+
+    def on_grammar_masks(self, seconds: float) -> None:
+        pass
+
+    def on_grammar_compiled(self, seconds: float) -> None:
+        pass
+
+
+NULL_OBSERVER: EngineObserver = NullObserver()

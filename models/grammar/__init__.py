@@ -1,0 +1,1 @@
+"""Constrained decoding: JSON Schemas bounded, grammars compiled, one step's token masks."""

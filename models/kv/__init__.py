@@ -1,0 +1,1 @@
+"""Keys and values: the slot cache, its memory budget, the prefix cache's index and pool."""

@@ -1,0 +1,168 @@
+/* int8 matmul with a scale per block of 32 on both operands (llama.cpp's Q8_0 grid), x86 AVX-512
+ * VNNI. Built and loaded by models/linear/block_kernel.py; the layouts are documented there and in
+ * models/linear/block_int8.py, which packs the weights.
+ *
+ * out[m, n] = bias[n] + sum_b xs[m, b] * ws[n, b] * sum_{k in block b} xq[m, k] * wq[n, k]
+ *
+ * Activations are quantized here, per row and per block of 32: scale = the block's largest
+ * magnitude / 127, codes round(x / scale) in -127..127 (int8). VNNI's dot product (vpdpbusd)
+ * multiplies unsigned by signed bytes, so the weights' codes are stored shifted by 128 (uint8,
+ * 1..255) and the shift's share, 128 * the sum of the activation block's codes, is computed with
+ * the codes and starts each block's int32 sum negated. Every block's dot product is thus exact in
+ * int32 (at most 32 * 255 * 127) before it is scaled in float, and the weights carry no
+ * correction of their own.
+ *
+ * Weights arrive packed in panels of 16 output channels: for each panel and block, 8 groups of
+ * 16 channels x 4 consecutive bytes (one 64-byte vector per group), the layout vpdpbusd sums
+ * into 16 int32 lanes, one per channel, so no horizontal sums are needed.
+ *
+ * The AVX-512 functions carry their own target attribute: the file is compiled without -m
+ * flags, so loading it on a CPU without AVX-512 is safe and q8b_cpu_ok() says whether to call.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define BLOCK 32
+#define PANEL 16
+#define ROWS 4        /* rows per register tile: 2 panels x 4 rows = 8 int32 + 8 float accumulators */
+#define ROW_CHUNK 64  /* rows a task takes: their codes stay in L1/L2 while a panel pair is swept */
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
+
+int q8b_cpu_ok(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
+/* One row: k floats into kp/32 blocks of int8 codes, their scales and -128 x their sums.
+ * Positions past k (the last block's padding) are zero. Division, not multiplication by the reciprocal, and
+ * rounding half to even: the codes equal torch.round(x / scale), which the tests compare. */
+AVX512 static void quantize_row(const float *x, int k, int kp, int8_t *codes, float *scales, int32_t *shifts) {
+    for (int b = 0; b < kp / BLOCK; b++) {
+        int start = b * BLOCK;
+        int n0 = k - start;
+        int n1 = k - start - PANEL;
+        __mmask16 m0 = n0 >= PANEL ? 0xFFFF : (n0 <= 0 ? 0 : (__mmask16)((1u << n0) - 1));
+        __mmask16 m1 = n1 >= PANEL ? 0xFFFF : (n1 <= 0 ? 0 : (__mmask16)((1u << n1) - 1));
+        __m512 v0 = _mm512_maskz_loadu_ps(m0, x + start);
+        __m512 v1 = _mm512_maskz_loadu_ps(m1, x + start + PANEL);
+        __m512 amax = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
+        float scale = _mm512_reduce_max_ps(amax) / 127.0f;
+        scales[b] = scale;
+        __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_setzero_si512();
+        if (scale > 0.0f) {
+            __m512 s = _mm512_set1_ps(scale);
+            const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+            q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(v0, s), round));
+            q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(v1, s), round));
+        }
+        shifts[b] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        _mm_storeu_si128((__m128i *)(codes + start), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(codes + start + PANEL), _mm512_cvtepi32_epi8(q1));
+    }
+}
+
+/* A register tile: R rows (R <= ROWS) against P panels (1 or 2), all blocks. */
+AVX512 static inline __attribute__((always_inline)) void tile(
+    int R, int P, const int8_t *xq, const float *xs, const int32_t *xc, int kp, int nb,
+    const uint8_t *pw, const float *ps, int panel, const float *bias, float *out, int ldo, int n) {
+    __m512 acc[ROWS][2];
+    for (int r = 0; r < R; r++)
+        for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512i dot[ROWS][2];
+        __m512 wscale[2];
+        const uint8_t *w[2];
+        for (int p = 0; p < P; p++) {
+            size_t at = (size_t)(panel + p) * nb + b;
+            wscale[p] = _mm512_loadu_ps(ps + at * PANEL);
+            w[p] = pw + at * PANEL * BLOCK;
+        }
+        for (int r = 0; r < R; r++) {
+            __m512i shift = _mm512_set1_epi32(xc[(size_t)r * nb + b]);
+            for (int p = 0; p < P; p++) dot[r][p] = shift;
+        }
+#pragma GCC unroll 8
+        for (int g = 0; g < BLOCK / 4; g++) {
+            __m512i wv[2];
+            for (int p = 0; p < P; p++) wv[p] = _mm512_loadu_si512(w[p] + g * 64);
+            for (int r = 0; r < R; r++) {
+                int32_t four;
+                memcpy(&four, xq + (size_t)r * kp + b * BLOCK + g * 4, 4);
+                __m512i xv = _mm512_set1_epi32(four);
+                for (int p = 0; p < P; p++) dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], wv[p], xv);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            __m512 s = _mm512_set1_ps(xs[(size_t)r * nb + b]);
+            for (int p = 0; p < P; p++)
+                acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][p]), _mm512_mul_ps(wscale[p], s), acc[r][p]);
+        }
+    }
+    for (int p = 0; p < P; p++) {
+        int col = (panel + p) * PANEL;
+        int left = n - col;
+        __mmask16 mask = left >= PANEL ? 0xFFFF : (__mmask16)((1u << left) - 1);
+        __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(out + (size_t)r * ldo + col, mask, _mm512_add_ps(acc[r][p], bv));
+    }
+}
+
+#define TILE_CASE(R, P) tile(R, P, xq, xs, xc, kp, nb, pw, ps, panel, bias, out, n, n)
+
+AVX512 static void tiles(int rows, int panels, const int8_t *xq, const float *xs, const int32_t *xc,
+                         int kp, int nb, const uint8_t *pw, const float *ps, int panel,
+                         const float *bias, float *out, int n) {
+    for (int r = 0; r < rows; r += ROWS, xq += (size_t)ROWS * kp, xs += (size_t)ROWS * nb,
+                              xc += (size_t)ROWS * nb, out += (size_t)ROWS * n) {
+        int R = rows - r < ROWS ? rows - r : ROWS;
+        if (panels == 2) {
+            switch (R) {
+                case 4: TILE_CASE(4, 2); break;
+                case 3: TILE_CASE(3, 2); break;
+                case 2: TILE_CASE(2, 2); break;
+                default: TILE_CASE(1, 2); break;
+            }
+        } else {
+            switch (R) {
+                case 4: TILE_CASE(4, 1); break;
+                case 3: TILE_CASE(3, 1); break;
+                case 2: TILE_CASE(2, 1); break;
+                default: TILE_CASE(1, 1); break;
+            }
+        }
+    }
+}
+
+/* out (m x n, row-major) = x (m x k, row-major float32) times the packed weight (codes pw and
+ * scales ps), plus bias (may be NULL). codes (m x kp bytes), xscales (m x kp/32 floats) and
+ * xshifts (m x kp/32 int32) are scratch the caller owns. kp is k
+ * rounded up to 32; the weight has ceil(n / 16) panels. threads: OpenMP threads to use (the
+ * runtime is torch's own libgomp, so its pool is shared with torch's kernels). */
+AVX512 void q8b_linear(const float *x, int m, int k, int kp, const uint8_t *pw, const float *ps, int n,
+                       const float *bias, float *out, int8_t *codes, float *xscales, int32_t *xshifts,
+                       int threads) {
+    int nb = kp / BLOCK;
+    int panels = (n + PANEL - 1) / PANEL;
+    int pairs = (panels + 1) / 2;
+    int chunks = (m + ROW_CHUNK - 1) / ROW_CHUNK;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#pragma omp for schedule(static)
+        for (int r = 0; r < m; r++)
+            quantize_row(x + (size_t)r * k, k, kp, codes + (size_t)r * kp, xscales + (size_t)r * nb, xshifts + (size_t)r * nb);
+#pragma omp for collapse(2) schedule(static)
+        for (int c = 0; c < chunks; c++) {
+            for (int pair = 0; pair < pairs; pair++) {
+                int r0 = c * ROW_CHUNK;
+                int rows = m - r0 < ROW_CHUNK ? m - r0 : ROW_CHUNK;
+                int panel = pair * 2;
+                int count = panels - panel >= 2 ? 2 : 1;
+                tiles(rows, count, codes + (size_t)r0 * kp, xscales + (size_t)r0 * nb, xshifts + (size_t)r0 * nb,
+                      kp, nb, pw, ps, panel, bias, out + (size_t)r0 * n, n);
+            }
+        }
+    }
+}

@@ -1,0 +1,1 @@
+"""From logits to text: sampling parameters, the sampler, stop strings, the detokenizer."""

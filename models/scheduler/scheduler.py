@@ -1,0 +1,352 @@
+"""The scheduler: which sequences run this step, and in which KV slot. Pure Python.
+
+No torch, no asyncio, no clock: a synchronous state machine (add, schedule, update_from_output,
+finish, abort) that the engine thread drives and that tests drive with made-up token ids. It owns
+the per-token bookkeeping, as vLLM's `update_from_output`: after a step's forward pass, which
+tokens are computed, which token each sequence sampled, and which sequences stop (eos, a stop
+token, max_tokens, the context length). Stop strings are matched on text, so the engine's
+detokenizer finds those and calls `finish`.
+
+Slots stay compact: running sequences occupy slots 0..num_running-1, so one decode step
+reads one contiguous block of the KV cache. When a sequence leaves, the sequence in the last
+slot moves into the hole; the move is reported in the next `SchedulerOutput` and the model
+runner copies that slot's cache before the forward pass. Nothing else is ever recomputed or
+copied when sequences join or leave, but the prefix cache's blocks (models/kv/prefix_cache.py):
+copied into a new sequence's slot when it is admitted, out of a slot when its prompt is computed
+and when it ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from models.config import SchedulerConfig
+from models.kv.prefix_cache import PrefixCache
+from models.sampling.params import SamplingParams
+from models.scheduler.fair_shares import FairShares
+from models.scheduler.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SlotMove:
+    src: int
+    dst: int
+    num_tokens: int  # cache positions [0, num_tokens) hold data worth copying
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCopy:
+    """Prefix-cache blocks between a slot and the pool: the slot's blocks first_block, first_block
+    + 1, ... (block_size tokens each) and the pool rows that hold (or will hold) them. In
+    `moves` it is a save (slot to pool), in `loads` a load (pool to slot)."""
+
+    slot: int
+    first_block: int
+    rows: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    seq: Sequence
+    start: int  # first prompt position of this chunk
+    num_tokens: int
+
+    @property
+    def completes_prompt(self) -> bool:
+        return self.start + self.num_tokens == self.seq.num_prompt_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    # Applied before the forward pass: first `moves`, in the order they arose since the last
+    # step (a slot move fills a left sequence's hole; a BlockCopy keeps a slot's blocks in the
+    # prefix cache, before any later move overwrites that slot), then `loads`, the cached
+    # prefixes of the sequences admitted this step, into their new slots.
+    moves: list[SlotMove | BlockCopy] = field(default_factory=list)
+    loads: list[BlockCopy] = field(default_factory=list)
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    decodes: list[Sequence] = field(default_factory=list)
+    num_slots: int = 0  # slots in use, prefilling ones included
+    # The sequences that get a token this step, in the order the runner returns their logits: the
+    # chunks that complete their prompt, then the decodes.
+    sampled: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        return [chunk.seq for chunk in self.prefills] + self.decodes
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.prefills)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, eos_token_ids: Collection[int] = ()) -> None:
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        # Heap of (priority, fair tag, arrival_order, seq); aborted entries are dropped lazily when
+        # they surface.
+        self._waiting: list[tuple[int, int, int, Sequence]] = []
+        self._shares = FairShares()
+        self._waiting_ids: dict[str, Sequence] = {}
+        self.num_waiting_tokens = 0  # prompt tokens of the waiting sequences
+        self.running: list[Sequence] = []  # running[i].slot == i
+        self._pending_moves: list[SlotMove | BlockCopy] = []
+        self._num_arrivals = 0
+        # K/V tokens the running sequences may reach, each admitted for its whole length
+        # (config.max_kv_tokens bounds it where the budget counts tokens).
+        self.num_reserved_tokens = 0
+        # Set by the engine once it knows the model's K/V size (after warmup); None: no caching.
+        self.prefix_cache: PrefixCache | None = None
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting_ids)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting_ids or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        if seq.num_prompt_tokens == 0:
+            raise ValueError("a sequence needs at least one prompt token")
+        if seq.num_prompt_tokens >= self.config.max_model_len:
+            raise ValueError("the prompt does not fit the model's context length")
+        if seq.request_id in self._waiting_ids or any(s.request_id == seq.request_id for s in self.running):
+            raise ValueError(f"duplicate request id {seq.request_id!r}")
+        self._num_arrivals += 1
+        seq.arrival_order = self._num_arrivals
+        seq.status = SequenceStatus.WAITING
+        self._waiting_ids[seq.request_id] = seq
+        self.num_waiting_tokens += seq.num_prompt_tokens
+        heapq.heappush(self._waiting, (seq.priority, self._shares.tag(seq.share), seq.arrival_order, seq))
+
+    def kv_usage(self) -> float:
+        """The share of the K/V the running batch holds (0 to 1), for the load score and metrics."""
+        config = self.config
+        if config.max_kv_tokens:  # what bounds admission there: the tokens the running were admitted for
+            return self.num_reserved_tokens / config.max_kv_tokens
+        return sum(seq.num_tokens for seq in self.running) / (config.max_num_seqs * config.max_model_len)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step.
+
+        Every running sequence that has its prompt computed decodes one token. The rest of the
+        token budget (max_num_batched_tokens minus the decode rows) goes to prompt chunks:
+        first to sequences already part-way through their prompt, oldest first, then to waiting
+        sequences in (priority, fair share, arrival) order while a slot is free and, where the
+        K/V budget counts tokens, while the next one's whole length fits (the first that does
+        not fit waits, and those behind it with it). A prompt larger than the
+        budget is split across steps, and while there are decode rows no prompt takes more than
+        max_prompt_chunk_while_decoding tokens of a step, so running streams keep moving while
+        it is computed.
+        """
+        out = SchedulerOutput(moves=self._pending_moves)
+        self._pending_moves = []
+        out.decodes = [seq for seq in self.running if not seq.is_prefilling]
+        budget = self.config.max_num_batched_tokens - len(out.decodes)
+        chunk_cap = self.config.max_prompt_chunk_while_decoding if out.decodes else 0
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.is_prefilling:
+                budget = self._plan_chunk(out, seq, budget, chunk_cap)
+        deferred: list[tuple[int, int, int, Sequence]] = []
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            admitted = self._pop_waiting(deferred)
+            if admitted is None:
+                break
+            seq = admitted
+            seq.status = SequenceStatus.RUNNING
+            seq.slot = len(self.running)
+            self.running.append(seq)
+            self._load_prefix(out, seq)
+            budget = self._plan_chunk(out, seq, budget, chunk_cap)
+        for entry in deferred:
+            heapq.heappush(self._waiting, entry)
+        out.num_slots = len(self.running)
+        out.sampled = [chunk.seq for chunk in out.prefills if chunk.completes_prompt] + out.decodes
+        return out
+
+    def update_from_output(self, out: SchedulerOutput, token_ids: list[int]) -> list[FinishReason | None]:
+        """The step's forward pass ran and `token_ids` were sampled, one per `out.sampled` sequence:
+        count its tokens as computed, append each sampled token, and finish the sequences that stop
+        on theirs (their slots are free by the next step). Returns, per sampled sequence, why it
+        stopped (None: it goes on)."""
+        for chunk in out.prefills:
+            chunk.seq.num_computed_tokens += chunk.num_tokens
+            if chunk.completes_prompt:
+                self._keep(chunk.seq)
+        for seq in out.decodes:
+            seq.num_computed_tokens += 1
+        reasons = []
+        for seq, token_id in zip(out.sampled, token_ids, strict=True):
+            reason = self._append_token(seq, token_id)
+            if reason is not None:
+                self.finish(seq, reason)
+            reasons.append(reason)
+        return reasons
+
+    def _append_token(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        """Record a sampled token; return why the sequence must stop, if it must."""
+        seq.output_token_ids.append(token_id)
+        params = seq.params
+        if not params.ignore_eos and token_id in self.eos_token_ids:
+            return FinishReason.STOP
+        if token_id in params.stop_token_ids:
+            return FinishReason.STOP
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Take a sequence out of the batch (or the queue); its slot is free by the next step."""
+        if seq.is_finished:
+            return
+        if seq.status is SequenceStatus.WAITING:
+            # Only if it is this very sequence: a retry may reuse the id of an aborted one.
+            if self._waiting_ids.get(seq.request_id) is seq:
+                del self._waiting_ids[seq.request_id]
+                self.num_waiting_tokens -= seq.num_prompt_tokens
+                self._shares.left(seq.share)
+        else:
+            if reason is not FinishReason.ERROR:  # after a failed step its slot is not trusted
+                self._keep(seq)
+            self._release_slot(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def abort(self, request_id: str) -> Sequence | None:
+        seq: Sequence | None = self._waiting_ids.get(request_id)
+        if seq is None:
+            seq = next((s for s in self.running if s.request_id == request_id), None)
+        if seq is not None:
+            self.finish(seq, FinishReason.ABORT)
+        return seq
+
+    def _plan_chunk(self, out: SchedulerOutput, seq: Sequence, budget: int, cap: int) -> int:
+        """Plan the next chunk of seq's prompt, at most `cap` tokens (0: no cap); return the budget
+        left for other prompts this step. None when the chunk leaves its prompt part-way: one
+        prompt at a time is, and the prompts behind it wait rather than share its steps."""
+        num_tokens = min(seq.num_prompt_tokens - seq.num_computed_tokens, budget, cap or budget)
+        chunk = PrefillChunk(seq, seq.num_computed_tokens, num_tokens)
+        out.prefills.append(chunk)
+        return budget - num_tokens if chunk.completes_prompt else 0
+
+    def forget_prefixes(self) -> None:
+        """Drop every cached prefix: the pool's contents can no longer be trusted."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    def _load_prefix(self, out: SchedulerOutput, seq: Sequence) -> None:
+        """Start an admitted sequence from the longest cached prefix of its prompt. At least one
+        prompt token is left to compute: its logits give the first sampled token."""
+        cache = self.prefix_cache
+        if cache is None:
+            return
+        rows = cache.match(seq.cache_scope, seq.prompt_token_ids, seq.num_prompt_tokens - 1)
+        if rows:
+            out.loads.append(BlockCopy(seq.slot, 0, rows))
+            seq.num_computed_tokens = seq.num_cached_tokens = len(rows) * cache.block_size
+
+    def _keep(self, seq: Sequence) -> None:
+        """Keep the computed tokens' whole blocks (prompt, and generated tokens at the end) in the
+        prefix cache; the copies run first thing in the next step, before the slot is reused."""
+        cache = self.prefix_cache
+        if cache is None or seq.slot < 0:
+            return
+        num_tokens = seq.num_computed_tokens
+        tokens = (
+            seq.prompt_token_ids if num_tokens <= seq.num_prompt_tokens else seq.prompt_token_ids + seq.output_token_ids
+        )
+        first, rows = cache.insert(seq.cache_scope, tokens, num_tokens)
+        if rows:
+            self._pending_moves.append(BlockCopy(seq.slot, first, rows))
+
+    def _waits_for_prefix(self, seq: Sequence) -> bool:
+        """Whether a running sequence is computing the next block of seq's prompt that the cache
+        lacks: seq then waits (a step, or a long prompt's few) and reuses it rather than compute
+        it a second time. The n choices of one prompt, or a burst sharing a system prompt."""
+        cache = self.prefix_cache
+        if cache is None:
+            return False
+        limit = seq.num_prompt_tokens - 1
+        end = cache.cached_length(seq.cache_scope, seq.prompt_token_ids, limit) + cache.block_size
+        if end > limit:
+            return False
+        head = seq.prompt_token_ids[:end]
+        for other in self.running:
+            if (
+                other.is_prefilling
+                and other.num_prompt_tokens >= end
+                and other.cache_scope == seq.cache_scope
+                and other.prompt_token_ids[:end] == head
+            ):
+                return True
+        return False
+
+    def _pop_waiting(self, deferred: list[tuple[int, int, int, Sequence]]) -> Sequence | None:
+        """The next waiting sequence to admit; those that wait for a prefix being computed go to
+        `deferred` (the caller puts them back), at most max_num_seqs of them a step."""
+        while self._waiting:
+            entry = heapq.heappop(self._waiting)
+            _, tag, _, seq = entry
+            if self._waiting_ids.get(seq.request_id) is seq:
+                if len(deferred) < self.config.max_num_seqs and self._waits_for_prefix(seq):
+                    deferred.append(entry)
+                    continue
+                reserved = self._reserved_tokens(seq)
+                bound = self.config.max_kv_tokens
+                # Alone, a sequence always runs: a config the budget fitted never needs this, one
+                # built by hand with a bound below max_model_len must not wait for ever.
+                if bound and self.num_reserved_tokens and self.num_reserved_tokens + reserved > bound:
+                    heapq.heappush(self._waiting, entry)  # first in line until the K/V has room
+                    return None
+                del self._waiting_ids[seq.request_id]
+                self.num_waiting_tokens -= seq.num_prompt_tokens
+                self._shares.took(seq.share, tag)
+                self.num_reserved_tokens += reserved
+                return seq
+        return None
+
+    def _reserved_tokens(self, seq: Sequence) -> int:
+        """The K/V a sequence may fill: its prompt and max_tokens (never past max_model_len), and
+        the pages it fills only in part."""
+        longest = min(self.config.max_model_len, seq.num_prompt_tokens + seq.params.max_tokens)
+        return longest + self.config.kv_slack_tokens
+
+    def _release_slot(self, seq: Sequence) -> None:
+        self.num_reserved_tokens -= self._reserved_tokens(seq)
+        hole = seq.slot
+        last = self.running.pop()
+        if last is not seq:
+            self.running[hole] = last
+            last.slot = hole
+            # NOTE: cache positions of a mid-prefill sequence beyond num_computed_tokens are garbage
+            # and a decoding one's are all computed, so num_computed_tokens bounds the copy.
+            self._pending_moves.append(SlotMove(src=len(self.running), dst=hole, num_tokens=last.num_computed_tokens))
+        seq.slot = -1
+
+
+def warmup_sequences(config: SchedulerConfig) -> list[Sequence]:
+    """Warmup's batch (models/engine/core.py): every slot, a short prompt, two tokens each, greedy and
+    sampled rows alike, so the step runs the shapes serving will use before /ready."""
+    prompt_len = max(1, min(16, config.max_model_len - 3))
+    return [
+        Sequence(
+            f"warmup-{i}",
+            [0] * prompt_len,
+            SamplingParams(max_tokens=2, temperature=0.0 if i % 2 else 1.0, ignore_eos=True),
+        )
+        for i in range(config.max_num_seqs)
+    ]

@@ -1,0 +1,89 @@
+"""One generation request as the scheduler sees it: token ids and counters, no torch.
+
+A sequence stores counters; everything else is a derived property. Invariants:
+- `num_computed_tokens` tokens of the sequence have their K/V in the cache slot `slot`;
+- while prefilling, `num_computed_tokens < num_prompt_tokens`;
+- while decoding, `num_computed_tokens == num_tokens - 1` (the last sampled token is the next input).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from models.sampling.params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # eos, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the model's context length
+    ABORT = "abort"  # the client went away
+    ERROR = "error"  # the forward pass or the engine failed: the server's fault
+    # The request's own input made it fail (its grammar cannot be compiled or enforced): the
+    # client's fault, a 4xx, and no server error in the load signal or the error metrics.
+    INVALID = "invalid"
+    REJECTED = "rejected"  # dropped before using the model (its queue time ran out)
+
+
+def cache_scope_of(share: str) -> str:
+    """The cache scope of a queue share: an API key's requests reuse only that key's cached
+    prefixes and grammars; without keys there are no tenants to keep apart, and any may reuse any."""
+    return share if share.startswith("key:") else ""
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+    # Whose share of the queue it takes (an API key, opaque here): within a priority level the
+    # shares' sequences interleave (models/scheduler/fair_shares.py). "" is one share like any other.
+    share: str = ""
+    # Set by the scheduler: the order sequences reached it in, the tie-breaker within a priority level.
+    arrival_order: int = 0
+    # Set by the engine (its clock, seconds): for queue time, TTFT and the queue deadline.
+    arrival_time: float = 0.0
+    # Set by the engine when the scheduler first admits it: seconds it waited since arrival_time.
+    queue_time: float | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # of the prompt, copied from the prefix cache rather than computed
+    slot: int = -1
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def cache_scope(self) -> str:
+        """Whose cached prefixes (models/kv/prefix_cache.py) and compiled grammars it may reuse."""
+        return cache_scope_of(self.share)
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]

@@ -1,0 +1,76 @@
+"""The prefix cache's index: exact whole-block matches per scope, least recently used eviction
+that never cuts a chain in the middle, and a bound it never passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.kv.prefix_cache import PrefixCache
+
+
+def test_a_prompt_matches_its_longest_cached_prefix_in_whole_blocks() -> None:
+    cache = PrefixCache(num_blocks=16, block_size=4)
+    prompt = list(range(100, 114))  # 14 tokens: three whole blocks
+    assert cache.insert("", prompt, len(prompt)) == (0, [0, 1, 2])
+    assert cache.match("", [*prompt, 7, 7], 16) == [0, 1, 2]
+    assert cache.match("", prompt, 13) == [0, 1, 2]
+    assert cache.match("", prompt, 11) == [0, 1]  # the limit cuts the third block
+    other = [*prompt[:5], 0, *prompt[6:]]  # one token differs inside the second block
+    assert cache.match("", other, 14) == [0]
+    assert (cache.queried_tokens, cache.hit_tokens) == (16 + 13 + 11 + 14, 12 + 12 + 8 + 4)
+
+
+def test_scopes_never_share_a_block() -> None:
+    cache = PrefixCache(num_blocks=16, block_size=4)
+    prompt = list(range(8))
+    cache.insert("key:a", prompt, 8)
+    assert cache.match("key:b", prompt, 8) == []
+    assert cache.match("", prompt, 8) == []
+    assert cache.match("key:a", prompt, 8) == [0, 1]
+
+
+def test_inserting_again_copies_only_the_new_blocks() -> None:
+    cache = PrefixCache(num_blocks=16, block_size=4)
+    turn1 = list(range(10))
+    assert cache.insert("", turn1, 10) == (0, [0, 1])
+    assert cache.insert("", turn1, 10) == (2, [])
+    turn2 = [*turn1, 50, 51, 52, 53, 54, 55]  # the reply and the next turn extend the chain
+    assert cache.insert("", turn2, 16) == (2, [2, 3])
+    assert cache.num_cached_blocks == 4
+
+
+def test_eviction_takes_the_least_recently_used_leaves_first() -> None:
+    cache = PrefixCache(num_blocks=4, block_size=2)
+    shared = [1, 1, 2, 2]
+    cache.insert("", [*shared, 3, 3], 6)  # rows 0, 1, 2
+    cache.insert("", [9, 9], 2)  # row 3: the pool is full
+    cache.match("", [*shared, 3, 3], 6)  # the chain is the newest now; [9, 9] the oldest
+    first, rows = cache.insert("", [*shared, 4, 4], 6)
+    assert (first, rows) == (2, [3])  # [9, 9] made room
+    assert cache.match("", [9, 9], 2) == []
+    # The next one evicts the oldest leaf, [3, 3], never the shared start under it.
+    assert cache.insert("", [8, 8], 2) == (0, [2])
+    assert cache.match("", [*shared, 3, 3], 6) == [0, 1]
+    assert cache.match("", [*shared, 4, 4], 6) == [0, 1, 3]
+    assert cache.evicted_blocks == 2
+
+
+def test_a_chain_longer_than_the_pool_keeps_its_start() -> None:
+    cache = PrefixCache(num_blocks=3, block_size=2, block_bytes=10)
+    long = list(range(20))
+    assert cache.insert("", long, 20) == (0, [0, 1, 2])
+    assert cache.match("", long, 20) == [0, 1, 2]
+    assert cache.stats().used_bytes == cache.stats().capacity_bytes == 30
+
+
+def test_clear_forgets_everything() -> None:
+    cache = PrefixCache(num_blocks=4, block_size=2)
+    cache.insert("", [1, 2, 3, 4], 4)
+    cache.clear()
+    assert cache.match("", [1, 2, 3, 4], 4) == []
+    assert cache.insert("", [1, 2, 3, 4], 4) == (0, [0, 1])
+
+
+def test_a_pool_needs_a_block() -> None:
+    with pytest.raises(ValueError):
+        PrefixCache(num_blocks=0, block_size=16)

@@ -10,9 +10,9 @@ the first chunk its output produced (an empty delta if it produced none).
 
 from __future__ import annotations
 
+from app.chat.encoder import ChatChunkEncoder
 from app.chat.render import chat_finish_reason
 from app.generation.sse import event
-from app.openai import ChatChunkEncoder
 from app.openai.render import chat_logprobs_json
 from app.reasoning import ReasoningDelta, ReasoningStream
 from app.tools.call_stream import ToolCallStream

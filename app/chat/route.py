@@ -8,7 +8,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from app.chat.chunks import ChatChunks
+from app.chat.encoder import ChatChunkEncoder
 from app.chat.render import chat_finish_reason, tool_calls_json
+from app.chat.request import ChatCompletionRequest
 from app.generation.collect import ChoiceResult, ClientDisconnected, collect, unless_disconnected
 from app.generation.pipeline import start_generation
 from app.generation.sse import sse_response
@@ -20,7 +22,7 @@ from app.generation.validation import (
     sampling_params,
     tokenize_sized,
 )
-from app.openai import ChatChunkEncoder, ChatCompletionRequest, Usage, cached_tokens, new_chat_completion_id
+from app.openai import Usage, cached_tokens, new_chat_completion_id
 from app.openai.render import chat_logprobs_json
 from app.reasoning import prompt_opens_reasoning, split_reasoning
 from app.response_format import constrain

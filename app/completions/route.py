@@ -7,18 +7,20 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from app.completions.chunks import CompletionChunkEncoder, CompletionChunks
+from app.completions.request import CompletionRequest
 from app.generation.collect import ChoiceResult, ClientDisconnected, collect, unless_disconnected
 from app.generation.pipeline import start_generation
-from app.generation.sse import event, sse_response
+from app.generation.sse import sse_response
 from app.generation.streaming import stream_events
 from app.generation.validation import check_model, check_text_fits, sampling_params, tokenize_sized
-from app.openai import CompletionChunkEncoder, CompletionRequest, Usage, cached_tokens, new_completion_id
+from app.openai import Usage, cached_tokens, new_completion_id
 from app.openai.render import completion_logprobs_json, finish_reason_text
 from app.response_format import constrain
 from app.runtime.body import documented_body, json_body
 from app.runtime.state import generation_inputs
 from middleware.errors import invalid_request
-from models import RequestOutput, Tokenizer
+from models import Tokenizer
 
 router = APIRouter()
 _parse_body = json_body(CompletionRequest)
@@ -66,7 +68,7 @@ async def create_completion(request: Request) -> Response:
         )
         events = stream_events(
             group,
-            _CompletionChunks(encoder, engine.tokenizer, len(group.request_ids)),
+            CompletionChunks(encoder, engine.tokenizer, len(group.request_ids)),
             num_prompt,
             state.settings.keepalive_seconds,
             body.include_usage,
@@ -117,27 +119,3 @@ def _response_body(
         ],
         "usage": Usage.of(num_prompt, sum(len(r.token_ids) for r in results), cached).model_dump(),
     }
-
-
-class _CompletionChunks:
-    """A legacy completion stream's chunks: text with its logprobs (offsets run on per choice) and
-    the finish in one chunk."""
-
-    def __init__(self, encoder: CompletionChunkEncoder, tokenizer: Tokenizer, num_choices: int) -> None:
-        self.encoder = encoder
-        self.tokenizer = tokenizer
-        self.usage = encoder.usage
-        self.offsets = [0] * num_choices  # characters of each choice's text so far
-
-    def opening(self, num_choices: int) -> bytes:
-        return b""
-
-    def render(self, index: int, output: RequestOutput) -> bytes:
-        logprobs = (
-            completion_logprobs_json(self.tokenizer, output.logprobs, self.offsets[index]) if output.logprobs else None
-        )
-        self.offsets[index] += len(output.text)
-        if not (output.text or logprobs or output.finished):
-            return b""
-        reason = finish_reason_text(output.finish_reason)
-        return event(self.encoder.text(index, output.text, logprobs=logprobs, finish_reason=reason))

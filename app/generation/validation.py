@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from app.config.settings import Settings
-from app.openai import ChatCompletionRequest, CompletionRequest
+from app.openai import SamplingRequest
 from app.runtime.request_budget import RequestBudget
 from middleware.errors import invalid_request, not_found_model
 from models import AsyncEngine, SamplingParams
@@ -94,7 +94,7 @@ def check_text_fits(engine: AsyncEngine, texts: Sequence[str], param: str) -> No
 def sampling_params(
     engine: AsyncEngine,
     settings: Settings,
-    request: ChatCompletionRequest | CompletionRequest,
+    request: SamplingRequest,
     prompt_lens: Sequence[int],
     requested_max_tokens: int | None,
     param: str,

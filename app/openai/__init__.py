@@ -1,45 +1,25 @@
 """OpenAI's wire format, shared by its protocols: the only place OpenAI's field names are spelled out.
 
-- `requests`: request bodies, their validation, and the mapping to `SamplingParams`;
+- `requests`: the sampling fields every generation request shares, their checks, and the
+  mapping to `SamplingParams` (each protocol's own body is in its room);
 - `usage`: completion ids and the usage block;
-- `chunks`: streaming chunk JSON built as strings, for the per-token path;
+- `chunks`: what every streamed chunk's JSON shares, built as strings for the per-token path;
 - `render`: engine outputs (finish reasons, logprobs) in OpenAI's words;
 - `tools`, `limits`, `base`: tool fields, caps on every list, the base of every body.
 """
 
-from app.openai.chunks import (
-    MIN_LOGPROB,
-    ChatChunkEncoder,
-    CompletionChunkEncoder,
-    chat_logprob_entry,
-    completion_logprobs,
-)
-from app.openai.requests import (
-    DEFAULT_COMPLETION_MAX_TOKENS,
-    MAX_CHOICES,
-    ChatCompletionRequest,
-    ChatMessage,
-    CompletionRequest,
-    JsonSchemaFormat,
-    ResponseFormat,
-    StreamOptions,
-    TextContentPart,
-)
+from app.openai.chunks import MIN_LOGPROB, ChunkEncoder, chat_logprob_entry, completion_logprobs
+from app.openai.requests import MAX_CHOICES, JsonSchemaFormat, ResponseFormat, SamplingRequest, StreamOptions
 from app.openai.usage import Usage, cached_tokens, new_chat_completion_id, new_completion_id
 
 __all__ = [
-    "DEFAULT_COMPLETION_MAX_TOKENS",
     "MAX_CHOICES",
     "MIN_LOGPROB",
-    "ChatChunkEncoder",
-    "ChatCompletionRequest",
-    "ChatMessage",
-    "CompletionChunkEncoder",
-    "CompletionRequest",
+    "ChunkEncoder",
     "JsonSchemaFormat",
     "ResponseFormat",
+    "SamplingRequest",
     "StreamOptions",
-    "TextContentPart",
     "Usage",
     "cached_tokens",
     "chat_logprob_entry",

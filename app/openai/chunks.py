@@ -24,7 +24,7 @@ from typing import Any
 from app.openai.usage import Usage
 
 # One shared encoder: `json.dumps` with non-default options builds a new encoder per call.
-_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 # JSON has no -Infinity; OpenAI-compatible servers (vLLM) report impossible tokens as -9999.
 MIN_LOGPROB = -9999.0
@@ -72,15 +72,14 @@ def _usage_json(usage: Usage) -> str:
     return usage.model_dump_json()
 
 
-def _chat_logprobs_json(logprobs: Sequence[dict[str, Any]] | None) -> str:
-    return "null" if logprobs is None else f'{{"content":{_encode(logprobs)},"refusal":null}}'
+class ChunkEncoder:
+    """What every OpenAI chunk shares: id, object, created, model, the choices, the usage tail.
+    Each protocol's encoder adds its choices' shapes (app/chat/encoder.py, app/completions/chunks.py)."""
 
-
-class _ChunkEncoder:
     def __init__(self, *, object_name: str, completion_id: str, model: str, created: int, include_usage: bool) -> None:
         self._head = (
-            f'{{"id":{_encode(completion_id)},"object":"{object_name}",'
-            f'"created":{int(created)},"model":{_encode(model)},"choices":['
+            f'{{"id":{encode(completion_id)},"object":"{object_name}",'
+            f'"created":{int(created)},"model":{encode(model)},"choices":['
         )
         self._tail = '],"usage":null}' if include_usage else "]}"
         self._usage_head = self._head + '],"usage":'
@@ -91,85 +90,3 @@ class _ChunkEncoder:
 
     def _chunk(self, choice: str) -> str:
         return self._head + choice + self._tail
-
-
-class ChatChunkEncoder(_ChunkEncoder):
-    """Builds every chunk of one streamed chat completion."""
-
-    def __init__(self, *, completion_id: str, model: str, created: int, include_usage: bool = False) -> None:
-        super().__init__(
-            object_name="chat.completion.chunk",
-            completion_id=completion_id,
-            model=model,
-            created=created,
-            include_usage=include_usage,
-        )
-
-    def role(self, index: int) -> str:
-        """A choice's first chunk, as OpenAI sends it: the role and empty content."""
-        return self._chunk(
-            f'{{"index":{index},"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}'
-        )
-
-    def delta(
-        self,
-        index: int,
-        text: str | None,
-        *,
-        logprobs: Sequence[dict[str, Any]] | None = None,
-        finish_reason: str | None = None,
-    ) -> str:
-        """A chunk of text (None: an empty delta, e.g. for the finish), with the logprobs of
-        its tokens as built by `chat_logprob_entry`."""
-        delta = "{}" if text is None else f'{{"content":{_encode(text)}}}'
-        logprobs_json = _chat_logprobs_json(logprobs)
-        finish_json = "null" if finish_reason is None else _encode(finish_reason)
-        return self._chunk(
-            f'{{"index":{index},"delta":{delta},"logprobs":{logprobs_json},"finish_reason":{finish_json}}}'
-        )
-
-    def reasoning(self, index: int, text: str, *, logprobs: Sequence[dict[str, Any]] | None = None) -> str:
-        """Reasoning text (vLLM's `delta.reasoning_content`)."""
-        logprobs_json = _chat_logprobs_json(logprobs)
-        return self._chunk(
-            f'{{"index":{index},"delta":{{"reasoning_content":{_encode(text)}}},"logprobs":{logprobs_json},'
-            '"finish_reason":null}'
-        )
-
-    def tool_calls(
-        self, index: int, calls: Sequence[dict[str, Any]], *, logprobs: Sequence[dict[str, Any]] | None = None
-    ) -> str:
-        """Fragments of tool calls, in OpenAI's delta format (app/chat/chunks.py builds them)."""
-        logprobs_json = _chat_logprobs_json(logprobs)
-        return self._chunk(
-            f'{{"index":{index},"delta":{{"tool_calls":{_encode(calls)}}},"logprobs":{logprobs_json},'
-            '"finish_reason":null}'
-        )
-
-
-class CompletionChunkEncoder(_ChunkEncoder):
-    """Builds every chunk of one streamed legacy completion."""
-
-    def __init__(self, *, completion_id: str, model: str, created: int, include_usage: bool = False) -> None:
-        super().__init__(
-            object_name="text_completion",
-            completion_id=completion_id,
-            model=model,
-            created=created,
-            include_usage=include_usage,
-        )
-
-    def text(
-        self,
-        index: int,
-        text: str,
-        *,
-        logprobs: dict[str, Any] | None = None,
-        finish_reason: str | None = None,
-    ) -> str:
-        """A chunk of text, with logprobs as built by `completion_logprobs`."""
-        logprobs_json = "null" if logprobs is None else _encode(logprobs)
-        finish_json = "null" if finish_reason is None else _encode(finish_reason)
-        return self._chunk(
-            f'{{"index":{index},"text":{_encode(text)},"logprobs":{logprobs_json},"finish_reason":{finish_json}}}'
-        )

@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
-from app.openai import ChatCompletionRequest, ResponseFormat
-from app.openai.tools import FunctionDefinition, NamedToolChoice
+from app.openai import ResponseFormat
+from app.openai.tools import FunctionDefinition, NamedToolChoice, ToolDefinition
 from app.response_format import JSON_OBJECT, Constraints, constrain, with_grammar
 from app.tools.formats import ToolFormat
 from app.tools.grammar import CallGrammar, FunctionSpec, hermes_grammar, llama3_grammar, mistral_grammar
@@ -44,6 +44,22 @@ GRAMMARS: dict[str, GrammarBuilder] = {
 }
 
 
+class ToolRequest(Protocol):
+    """What a protocol's request gives tool planning (Chat Completions' body is one)."""
+
+    @property
+    def tools(self) -> list[ToolDefinition] | None: ...
+
+    @property
+    def effective_tool_choice(self) -> str | NamedToolChoice: ...
+
+    @property
+    def parallel_tool_calls(self) -> bool: ...
+
+    @property
+    def response_format(self) -> ResponseFormat | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ToolPlan:
     format: ToolFormat  # parses the reply into content and calls
@@ -54,7 +70,7 @@ class ToolPlan:
 
 
 def plan_tools(
-    request: ChatCompletionRequest,
+    request: ToolRequest,
     fmt: ToolFormat,
     terminal: Callable[[str], str],
     special_id: Callable[[str], int | None],
@@ -109,7 +125,7 @@ def _content_schema(response_format: ResponseFormat | None, closed: bool) -> Map
 
 async def plan_and_constrain(
     constraints: Constraints,
-    request: ChatCompletionRequest,
+    request: ToolRequest,
     fmt: ToolFormat,
     special_id: Callable[[str], int | None],
     choice_params: Sequence[SamplingParams],
@@ -142,7 +158,7 @@ async def plan_and_constrain(
     return plan, constrained
 
 
-def _culprit(compiler: GrammarCompiler, request: ChatCompletionRequest, constraints: Constraints) -> str | None:
+def _culprit(compiler: GrammarCompiler, request: ToolRequest, constraints: Constraints) -> str | None:
     """The first tool whose parameters alone fail to compile, as an error message (the error
     path only: each schema is compiled on its own to name the one at fault)."""
     for tool in request.tools or []:

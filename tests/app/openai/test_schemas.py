@@ -1,4 +1,5 @@
-"""Unit tests of the OpenAI wire format: request validation, sampling mapping, chunk JSON."""
+"""Unit tests of OpenAI's wire format in both of its protocols (chat, legacy completions): request
+validation, sampling mapping, chunk JSON."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import openai.types.chat
 import pytest
 from pydantic import ValidationError
 
+from app.chat.encoder import ChatChunkEncoder
+from app.chat.request import ChatCompletionRequest
+from app.completions.chunks import CompletionChunkEncoder
+from app.completions.request import CompletionRequest
 from app.openai import (
-    ChatChunkEncoder,
-    ChatCompletionRequest,
-    CompletionChunkEncoder,
-    CompletionRequest,
     Usage,
     chat_logprob_entry,
     completion_logprobs,

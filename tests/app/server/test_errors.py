@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 from starlette.types import Message
 
-from app.openai import ChatCompletionRequest
+from app.chat.request import ChatCompletionRequest
 from app.server.errors import install_error_handlers
 from middleware.errors import (
     OpenAIError,

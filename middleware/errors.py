@@ -77,6 +77,10 @@ def invalid_request(message: str, param: str | None = None, code: str | None = N
     return OpenAIError(message, status_code=400, type=INVALID_REQUEST, param=param, code=code)
 
 
+def not_found(message: str, param: str | None = None) -> OpenAIError:
+    return OpenAIError(message, status_code=404, type=INVALID_REQUEST, param=param)
+
+
 def not_found_model(model: str) -> OpenAIError:
     return OpenAIError(
         f"The model `{model}` does not exist.",

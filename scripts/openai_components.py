@@ -20,6 +20,8 @@ ROOTS = (
     "CreateCompletionResponse",
     "ListModelsResponse",
     "ErrorResponse",
+    "Response",
+    "ResponseStreamEvent",
 )
 REF_PREFIX = "#/components/schemas/"
 

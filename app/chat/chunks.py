@@ -13,6 +13,7 @@ from __future__ import annotations
 from app.chat.encoder import ChatChunkEncoder
 from app.chat.render import chat_finish_reason
 from app.generation.sse import event
+from app.generation.streaming import DoneEnding
 from app.openai.render import chat_logprobs_json
 from app.reasoning import ReasoningDelta, ReasoningStream
 from app.tools.call_stream import ToolCallStream
@@ -23,7 +24,9 @@ from models import RequestOutput, Tokenizer
 ChunkEvent = StreamEvent | ReasoningDelta
 
 
-class ChatChunks:
+class ChatChunks(DoneEnding):
+    encoder: ChatChunkEncoder
+
     def __init__(
         self, encoder: ChatChunkEncoder, tokenizer: Tokenizer, plan: ToolPlan | None, reasoning: bool | None
     ) -> None:
@@ -31,7 +34,6 @@ class ChatChunks:
         a reasoning block (the prompt opened it)."""
         self.encoder = encoder
         self.tokenizer = tokenizer
-        self.usage = encoder.usage
         self._plan = plan
         self._reasoning = reasoning
         self._reasoning_streams: dict[int, ReasoningStream] = {}

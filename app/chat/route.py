@@ -80,7 +80,6 @@ async def create_chat_completion(request: Request) -> Response:
             ChatChunks(encoder, engine.tokenizer, plan, reasoning),
             len(prompt),
             state.settings.keepalive_seconds,
-            body.include_usage,
         )
         return sse_response(
             events,

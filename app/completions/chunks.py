@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.generation.sse import event
+from app.generation.streaming import DoneEnding
 from app.openai.chunks import ChunkEncoder, encode
 from app.openai.render import completion_logprobs_json, finish_reason_text
 from models import RequestOutput, Tokenizer
@@ -39,14 +40,15 @@ class CompletionChunkEncoder(ChunkEncoder):
         )
 
 
-class CompletionChunks:
+class CompletionChunks(DoneEnding):
+    encoder: CompletionChunkEncoder
+
     """A legacy completion stream's chunks: text with its logprobs (offsets run on per choice) and
     the finish in one chunk."""
 
     def __init__(self, encoder: CompletionChunkEncoder, tokenizer: Tokenizer, num_choices: int) -> None:
         self.encoder = encoder
         self.tokenizer = tokenizer
-        self.usage = encoder.usage
         self.offsets = [0] * num_choices  # characters of each choice's text so far
 
     def opening(self, num_choices: int) -> bytes:

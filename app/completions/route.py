@@ -71,7 +71,6 @@ async def create_completion(request: Request) -> Response:
             CompletionChunks(encoder, engine.tokenizer, len(group.request_ids)),
             num_prompt,
             state.settings.keepalive_seconds,
-            body.include_usage,
             num_prompts=len(prompts),
         )
         return sse_response(

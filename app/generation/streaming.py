@@ -1,9 +1,10 @@
-"""One streaming generator for both generation routes: an output source to SSE bytes.
+"""One streaming generator for every protocol: an output source to SSE bytes.
 
-Each route brings a `ChunkRenderer` (what its chunks look like); this module owns what every
-stream does alike: keep-alives while the source is silent, an error event (then `[DONE]`) when an
-output carries an error, usage counting, and the ending: the last tokens, the usage chunk and
-`[DONE]` leave in one `LastEvents` write (app/generation/sse.py), so a stream's end costs one write, not three.
+Each protocol brings a `StreamRenderer` (what its events look like, and how its stream ends);
+this module owns what every stream does alike: keep-alives while the source is silent, usage
+counting, the end after an output that carries an error, and the ending: the last tokens and the
+protocol's closing events leave in one `LastEvents` write (app/generation/sse.py), so a stream's
+end costs one write, not three.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from app.generation.sse import DONE, KEEPALIVE, LastEvents, error_event, event
-from app.openai import Usage, cached_tokens
+from app.openai import ChunkEncoder, Usage, cached_tokens
 from models import FinishReason, OutputSource, RequestOutput
 
 
-class ChunkRenderer(Protocol):
+class StreamRenderer(Protocol):
     def opening(self, num_choices: int) -> bytes:
         """Events that go out with the first tokens (chat's role chunks, as vLLM sends them)."""
         ...
@@ -25,17 +26,33 @@ class ChunkRenderer(Protocol):
         """The events of one output delta of choice `index`: its text, logprobs and finish."""
         ...
 
-    def usage(self, usage: Usage) -> str:
-        """The final usage chunk's JSON."""
+    def failure(self, message: str, kind: str) -> bytes:
+        """The stream's last events after an output with an error (`kind`: an OpenAI error type)."""
         ...
+
+    def ending(self, usage: Usage) -> bytes:
+        """The stream's last events once every choice has finished."""
+        ...
+
+
+class DoneEnding:
+    """How OpenAI's chat and legacy completion streams end: the usage chunk when asked for, then
+    `[DONE]`; after an error, an error event, then `[DONE]`."""
+
+    encoder: ChunkEncoder
+
+    def failure(self, message: str, kind: str) -> bytes:
+        return error_event(message, kind) + DONE
+
+    def ending(self, usage: Usage) -> bytes:
+        return (event(self.encoder.usage(usage)) if self.encoder.include_usage else b"") + DONE
 
 
 async def stream_events(
     source: OutputSource,
-    renderer: ChunkRenderer,
+    renderer: StreamRenderer,
     num_prompt_tokens: int,
     keepalive: float,
-    include_usage: bool,
     num_prompts: int = 1,
 ) -> AsyncIterator[bytes]:
     num_completion_tokens = 0
@@ -53,7 +70,7 @@ async def stream_events(
             for out in outputs:
                 if out.error is not None:
                     kind = "invalid_request_error" if out.finish_reason is FinishReason.INVALID else "server_error"
-                    yield LastEvents(b"".join(parts) + error_event(out.error, kind) + DONE)
+                    yield LastEvents(b"".join(parts) + renderer.failure(out.error, kind))
                     return
                 num_completion_tokens += len(out.token_ids)
                 index = source.index[out.request_id]
@@ -64,5 +81,4 @@ async def stream_events(
             else:
                 yield b"".join(parts)
     usage = Usage.of(num_prompt_tokens, num_completion_tokens, cached_tokens(cached, num_prompts))
-    tail = event(renderer.usage(usage)) if include_usage else b""
-    yield LastEvents(opening + last + tail + DONE)
+    yield LastEvents(opening + last + renderer.ending(usage))

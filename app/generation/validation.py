@@ -10,13 +10,27 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from app.config.settings import Settings
-from app.openai import SamplingRequest
 from app.runtime.request_budget import RequestBudget
 from middleware.errors import invalid_request, not_found_model
 from models import AsyncEngine, SamplingParams
+
+
+class GenerationRequest(Protocol):
+    """What `sampling_params` asks of a protocol's request (each protocol's body is one)."""
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def logit_bias(self) -> dict[str, float] | None: ...
+
+    @property
+    def stop_token_ids(self) -> list[int] | None: ...
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams: ...
 
 
 def check_model(settings: Settings, requested: str) -> None:
@@ -94,7 +108,7 @@ def check_text_fits(engine: AsyncEngine, texts: Sequence[str], param: str) -> No
 def sampling_params(
     engine: AsyncEngine,
     settings: Settings,
-    request: SamplingRequest,
+    request: GenerationRequest,
     prompt_lens: Sequence[int],
     requested_max_tokens: int | None,
     param: str,

@@ -81,6 +81,7 @@ class ChunkEncoder:
             f'{{"id":{encode(completion_id)},"object":"{object_name}",'
             f'"created":{int(created)},"model":{encode(model)},"choices":['
         )
+        self.include_usage = include_usage
         self._tail = '],"usage":null}' if include_usage else "]}"
         self._usage_head = self._head + '],"usage":'
 

@@ -8,9 +8,10 @@ from fastapi import APIRouter
 
 from app.chat import route as chat
 from app.completions import route as completions
+from app.responses import route as responses
 from app.server import system
 
-PROTOCOLS: tuple[APIRouter, ...] = (chat.router, completions.router)
+PROTOCOLS: tuple[APIRouter, ...] = (chat.router, completions.router, responses.router)
 
 router = APIRouter()
 router.include_router(system.router)

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from middleware.errors import OpenAIError, error_json, send_error
-from middleware.generation import Generation, Handler
+from middleware.generation import GENERATION_PATHS, Generation, Handler
 from middleware.key_ring import KeySet
 from models import OutputSource
 
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
 LEASE_STATE = "concurrency_lease"  # scope["state"] key of a limited request's `KeyLease`
 
 

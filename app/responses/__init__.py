@@ -1,0 +1,1 @@
+"""POST /v1/responses: OpenAI's Responses API to and from one generation request."""

@@ -25,7 +25,6 @@ from app.generation.validation import (
 from app.openai import Usage, cached_tokens, new_chat_completion_id
 from app.openai.render import chat_logprobs_json
 from app.reasoning import prompt_opens_reasoning, split_reasoning
-from app.response_format import constrain
 from app.runtime.body import documented_body, json_body
 from app.runtime.state import generation_inputs
 from app.tools.choice import ToolPlan, plan_and_constrain
@@ -58,12 +57,8 @@ async def create_chat_completion(request: Request) -> Response:
     prompt = await tokenize_sized(len(await request.body()), encode)
     choice_params = sampling_params(engine, state.settings, body, [len(prompt)], body.requested_max_tokens, "messages")
     constraints = state.constraints(request, engine.grammars)
-    plan = None
-    if body.tools:
-        special_id = engine.tokenizer.special_token_id
-        plan, choice_params = await plan_and_constrain(constraints, body, state.tool_format, special_id, choice_params)
-    else:
-        choice_params = await constrain(constraints, body.response_format, choice_params)
+    special_id = engine.tokenizer.special_token_id
+    plan, choice_params = await plan_and_constrain(constraints, body, state.tool_format, special_id, choice_params)
     reasoning = None  # for a reasoning model: whether the reply starts inside a reasoning block
     if state.reasons:
         reasoning = prompt_opens_reasoning(str(engine.tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False)))

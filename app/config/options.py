@@ -256,6 +256,14 @@ OPTIONS: tuple[Option, ...] = (
         int,
         "stored response bytes one API key keeps; past it its own oldest go (at least --idempotency-max-bytes)",
     ),
+    # --- stored responses ---------------------------------------------------------------------
+    Option(
+        "responses_store_max_entries",
+        int,
+        "stored Responses one API key keeps (every caller without a key is one tenant); past it its own oldest go",
+    ),
+    Option("responses_store_max_bytes", int, "bytes of stored Responses one API key keeps; past it its own oldest go"),
+    Option("responses_store_ttl_seconds", float, "how long a stored Response is kept (GET, previous_response_id)"),
     Option("dedup_ttl_seconds", float, "how long identical deterministic requests share a result; 0 = off"),
     Option(
         "dedup_scope", str, "who shares dedup results: key (requests of one API key) or global", choices=DEDUP_SCOPES

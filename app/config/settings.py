@@ -98,6 +98,10 @@ class Settings:
     idempotency_max_keys_per_tenant: int = _QUOTA.max_entries
     idempotency_max_bytes_per_tenant: int = _QUOTA.max_bytes
     dedup_ttl_seconds: float = 300.0
+    # Stored responses (the Responses API's `store`), per API key: app/runtime/response_store.py.
+    responses_store_max_entries: int = 1000
+    responses_store_max_bytes: int = 64 * 1024 * 1024
+    responses_store_ttl_seconds: float = 86400.0
     dedup_scope: str = "key"
     max_queued_requests: int = _ADMISSION.max_queued_requests
     max_queued_tokens: int = _ADMISSION.max_queued_tokens
@@ -166,6 +170,12 @@ class Settings:
                 "idempotency_max_keys_per_tenant must be positive and idempotency_max_bytes_per_tenant at least"
                 " idempotency_max_bytes"
             )
+        if (
+            self.responses_store_max_entries < 1
+            or self.responses_store_max_bytes < 1
+            or self.responses_store_ttl_seconds <= 0
+        ):
+            raise ValueError("responses_store_max_entries, _max_bytes and _ttl_seconds must be positive")
         if self.dedup_ttl_seconds < 0:
             raise ValueError("dedup_ttl_seconds must be 0 (off) or positive")
         if self.max_request_tokens < 0 or self.max_request_output_tokens < 1:

@@ -8,21 +8,16 @@ parser's (`call_...`). `status` is `completed`, or `incomplete` with `incomplete
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.responses.request import ResponsesRequest
-from app.responses.turn import Turn
+from app.responses.turn import Turn, new_id
 from models import FinishReason
 
 # OpenAI's ResponseErrorCode values for what can go wrong after a stream opened.
 ERROR_CODES = {"invalid_request_error": "invalid_prompt", "server_error": "server_error"}
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(24)}"
 
 
 @dataclass(slots=True)
@@ -83,7 +78,7 @@ class ResponseShell:
             "previous_response_id": body.previous_response_id,
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
             "service_tier": "default",
-            "store": False,  # nothing is stored yet (docs/responses.md)
+            "store": body.store,
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {"format": text_format},
             "tool_choice": body.tool_choice if body.tool_choice is not None else ("auto" if body.tools else "none"),

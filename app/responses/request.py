@@ -3,8 +3,8 @@
 Codex, the openai Agents SDK and LangChain send fields a local server cannot act on (`store`,
 `include`, `prompt_cache_key`, `client_metadata`, `service_tier`, `reasoning.summary`, ...): each is
 accepted and echoed where the Response object has a place for it, never a 400. Only values surge
-cannot honour in any way get one, naming the field: `background: true` (no stored responses
-yet), image and file inputs (a text model), an unknown `truncation`. Bounds follow the chat body's
+cannot honour in any way get one, naming the field: `background: true` (no background runs yet),
+image and file inputs (a text model), an unknown `truncation`. Bounds follow the chat body's
 (app/openai/limits.py).
 """
 
@@ -81,7 +81,7 @@ class ResponsesRequest(RequestModel):
     @classmethod
     def _no_background(cls, value: bool) -> bool:
         if value:
-            raise ValueError("background responses need stored responses, which this server does not keep yet")
+            raise ValueError("background responses are not supported by this server yet")
         return value
 
     # What app/generation/validation.py asks of every generation request: one choice, no biases.

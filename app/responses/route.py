@@ -8,7 +8,9 @@ stream of events (app/responses/output.py, app/responses/stream.py).
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response
 
 from app.generation.collect import ChoiceResult, ClientDisconnected, collect, unless_disconnected
@@ -18,7 +20,6 @@ from app.generation.streaming import stream_events
 from app.generation.validation import check_model, check_text_fits, sampling_params, tokenize_sized
 from app.openai.render import chat_logprobs_json
 from app.reasoning import prompt_opens_reasoning, split_reasoning
-from app.response_format import constrain
 from app.responses.output import (
     ResponseShell,
     Usage,
@@ -30,11 +31,13 @@ from app.responses.output import (
 )
 from app.responses.request import ResponsesRequest
 from app.responses.stream import ResponseEvents
-from app.responses.turn import Turn, build_turn, refusal_param
+from app.responses.turn import Turn, build_turn, input_items, refusal_param
 from app.runtime.body import documented_body, json_body
-from app.runtime.state import generation_inputs
+from app.runtime.response_store import ResponseStore, StoredResponse
+from app.runtime.state import ServerState, generation_inputs
 from app.tools.choice import ToolPlan, plan_and_constrain
 from middleware.errors import OpenAIError, invalid_request, not_found
+from middleware.generation import key_share_of
 from models import AsyncEngine
 
 router = APIRouter()
@@ -45,12 +48,22 @@ _parse_body = json_body(ResponsesRequest)
 async def create_response(request: Request) -> Response:
     body, state, engine = await generation_inputs(request, _parse_body)
     check_model(state.settings, body.model)
+    tenant = tenant_of(request)
+    context: list[dict[str, Any]] = []
     if body.previous_response_id is not None:
-        # Nothing is stored yet: the id names no response this server knows, as OpenAI answers.
-        raise not_found(
-            f"Previous response with id '{body.previous_response_id}' not found.", param="previous_response_id"
-        )
-    turn = build_turn(body)
+        previous = state.responses.get(tenant, body.previous_response_id)
+        if previous is None:  # never stored, expired, deleted, or another key's: all the same to this key
+            message = f"Previous response with id '{body.previous_response_id}' not found."
+            raise not_found(message, param="previous_response_id")
+        context = previous.context
+    turn = build_turn(body, context)
+    own_items = input_items(body)
+
+    def keep(response: dict[str, Any]) -> None:
+        """The finished Response, stored when the request asks (`store`, true by default)."""
+        if body.store:
+            stored = StoredResponse(response, own_items, [*context, *own_items, *response["output"]])
+            state.responses.put(tenant, response["id"], stored)
 
     def encode() -> list[int]:
         check_text_fits(engine, [str(message.get("content") or "") for message in turn.messages], "input")
@@ -63,14 +76,8 @@ async def create_response(request: Request) -> Response:
         prompt = await tokenize_sized(len(await request.body()), encode)
         choice_params = sampling_params(engine, state.settings, body, [len(prompt)], body.max_output_tokens, "input")
         constraints = state.constraints(request, engine.grammars)
-        plan = None
-        if turn.tools:
-            special_id = engine.tokenizer.special_token_id
-            plan, choice_params = await plan_and_constrain(
-                constraints, turn, state.tool_format, special_id, choice_params
-            )
-        else:
-            choice_params = await constrain(constraints, turn.response_format, choice_params)
+        special_id = engine.tokenizer.special_token_id
+        plan, choice_params = await plan_and_constrain(constraints, turn, state.tool_format, special_id, choice_params)
     except OpenAIError as exc:
         raise refusal_param(exc) from None
     reasoning = None
@@ -85,14 +92,16 @@ async def create_response(request: Request) -> Response:
         return len(engine.tokenizer.encode(text))
 
     if body.stream:
-        renderer = ResponseEvents(shell, engine.tokenizer, plan, reasoning, want_logprobs, count_tokens)
+        renderer = ResponseEvents(shell, engine.tokenizer, plan, reasoning, want_logprobs, count_tokens, keep)
         events = stream_events(group, renderer, len(prompt), state.settings.keepalive_seconds)
         return sse_response(events, headers, on_close=lambda: group.__aexit__(None, None, None))
     try:
         (result,) = await unless_disconnected(request, collect(group))
     except ClientDisconnected:
         return Response(status_code=499)
-    return JSONResponse(_response_body(shell, result, engine, plan, reasoning, want_logprobs), headers=headers)
+    response = _response_body(shell, result, engine, plan, reasoning, want_logprobs)
+    keep(response)
+    return JSONResponse(response, headers=headers)
 
 
 def _response_body(
@@ -132,3 +141,61 @@ def _response_body(
 
 def _call(turn: Turn, call_id: str, name: str, arguments: str) -> dict[str, object]:
     return call_item(new_id("fc"), call_id, turn, name, arguments, "completed")
+
+
+def tenant_of(request: Request) -> str:
+    """Whose stored responses a request reaches: its API key's; with auth off, everyone's one."""
+    return key_share_of(request.scope) or ""
+
+
+def _store(request: Request) -> ResponseStore:
+    state: ServerState = request.app.state.surge
+    return state.responses
+
+
+def _stored_or_404(request: Request, response_id: str) -> StoredResponse:
+    stored = _store(request).get(tenant_of(request), response_id)
+    if stored is None:
+        raise not_found(f"Response with id '{response_id}' not found.")
+    return stored
+
+
+@router.get("/v1/responses/{response_id}", response_model=None)
+async def retrieve_response(request: Request, response_id: str) -> Response:
+    return JSONResponse(_stored_or_404(request, response_id).response)
+
+
+@router.delete("/v1/responses/{response_id}", response_model=None)
+async def delete_response(request: Request, response_id: str) -> Response:
+    if not _store(request).delete(tenant_of(request), response_id):
+        raise not_found(f"Response with id '{response_id}' not found.")
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.get("/v1/responses/{response_id}/input_items", response_model=None)
+async def list_input_items(
+    request: Request,
+    response_id: str,
+    after: str | None = None,
+    limit: int = Query(20, ge=1, le=100),
+    order: Literal["asc", "desc"] = "desc",
+) -> Response:
+    """The response's own input items, a page at a time, as OpenAI lists them."""
+    items = list(_stored_or_404(request, response_id).input_items)
+    if order == "desc":
+        items.reverse()
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise invalid_request(f"No input item with id '{after}' in this response.", param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+    )

@@ -15,6 +15,7 @@ Tools: `function` tools as chat's; a `namespace` group's functions are offered a
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,10 +52,11 @@ class Turn:
         return self.namespaces.get(offered, (None, offered))
 
 
-def build_turn(body: ResponsesRequest) -> Turn:
+def build_turn(body: ResponsesRequest, context: list[dict[str, Any]] | None = None) -> Turn:
+    """`context`: the items a `previous_response_id` chain holds, before this request's input."""
     tools, namespaces = _tools(body.tools or [])
     return Turn(
-        messages=_messages(body),
+        messages=_messages(body, context or []),
         tools=tools or None,
         effective_tool_choice=_tool_choice(body.tool_choice, tools, namespaces),
         parallel_tool_calls=body.parallel_tool_calls,
@@ -63,14 +65,13 @@ def build_turn(body: ResponsesRequest) -> Turn:
     )
 
 
-def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+def _messages(body: ResponsesRequest, context: list[dict[str, Any]]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
-    if isinstance(body.input, str):
-        messages.append({"role": "user", "content": body.input})
-        return messages
-    for index, item in enumerate(body.input):
+    items = [*context, *([{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input)]
+    for position, item in enumerate(items):
+        index = position - len(context)  # the client's own index; the chain's items are ours, valid
         kind = item.get("type", "message")
         if kind == "message":
             messages.append(_message(item, index))
@@ -84,7 +85,7 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             continue
         elif kind == "item_reference":
             raise invalid_request(
-                "input item references need stored responses, which this server does not keep yet.",
+                "Input item references are not supported yet: send the item itself, or previous_response_id.",
                 param=f"input[{index}]",
             )
         else:
@@ -259,3 +260,26 @@ def refusal_param(error: OpenAIError) -> OpenAIError:
     if error.param in renamed:
         error.param = renamed[error.param]
     return error
+
+
+def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as stored items, each with an id: what `input_items` lists and a
+    continuation starts from."""
+    raw = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    items = []
+    for item in raw:
+        kind = item.get("type", "message")
+        if kind == "message":
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            content = item.get("content")
+            parts = [{"type": part, "text": content}] if isinstance(content, str) else content
+            item = {"type": "message", "status": "completed", **item, "content": parts}
+            prefix = "msg"
+        else:
+            prefix = {"function_call": "fc", "reasoning": "rs"}.get(str(kind), "item")
+        items.append({"id": new_id(prefix), **item})
+    return items
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(24)}"

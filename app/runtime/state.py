@@ -13,6 +13,7 @@ from app.config.settings import Settings
 from app.response_format import Constraints
 from app.runtime.connections import Connections
 from app.runtime.request_budget import MAX_BODY_BYTES, RequestBudget
+from app.runtime.response_store import ResponseStore, StoreLimits
 from app.tools.formats import FORMATS, ToolFormat
 from middleware.admission.admission import Admission
 from middleware.dedup.cache import DedupCache
@@ -56,6 +57,8 @@ class ServerState:
     connections: Connections = field(default_factory=lambda: Connections(0, 0))
     # Requests with a grammar, by kind (app/response_format.py counts them, app/ops/metrics.py reads).
     constrained_requests: Counter[str] = field(default_factory=Counter)
+    # The Responses API's stored responses, per API key; create_app sizes it from the settings.
+    responses: ResponseStore = field(default_factory=lambda: ResponseStore(StoreLimits()))
     # How the model writes tool calls (app/tools/formats.py); set with the engine.
     tool_format: ToolFormat = field(default_factory=lambda: FORMATS["hermes"])
     # The chat template is a reasoning model's (app/reasoning.py); set with the engine.

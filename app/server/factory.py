@@ -24,6 +24,7 @@ from app.ops.diagnostics import engine_process_init, install_tracemalloc
 from app.ops.metrics import install_metrics
 from app.reasoning import template_reasons
 from app.runtime.connections import Connections
+from app.runtime.response_store import ResponseStore, StoreLimits
 from app.runtime.state import ServerState
 from app.server.door import install_door_layers
 from app.server.errors import install_error_handlers
@@ -55,6 +56,13 @@ def create_app(
         settings,
         auth_failures=AuthFailures(settings.auth_failures_per_minute),
         connections=Connections(settings.max_connections, settings.max_connections_per_address),
+    )
+    state.responses = ResponseStore(
+        StoreLimits(
+            settings.responses_store_max_entries,
+            settings.responses_store_max_bytes,
+            settings.responses_store_ttl_seconds,
+        )
     )
     state.keys = KeyRing(KeySet.from_file(settings.api_key, settings.keys, settings.rate_limits))
     state.redis = _redis(settings, settings.redis_url)

@@ -132,6 +132,8 @@ async def plan_and_constrain(
 ) -> tuple[ToolPlan | None, list[SamplingParams]]:
     """The request's tool plan and choice_params under its grammar (or under `response_format`'s
     when no call may be made); a 400 naming the tool whose schema cannot be enforced."""
+    if not request.tools:  # nothing to plan: no hop to the compiler's threads
+        return None, await constrain(constraints, request.response_format, choice_params)
     compiler = constraints.compiler
     plan_work = compiler.submit(plan_tools, request, fmt, compiler.terminal, special_id, constraints.closed)
     plan = await asyncio.wrap_future(plan_work)

@@ -21,6 +21,9 @@ DOOR: tuple[str, ...] = (
     # Request id outermost: every response, rejections included, echoes X-Request-Id, and every log
     # line of the request, uvicorn's access line included, carries it (edge/request_id.py).
     "request_id",
+    # Error bodies in the shape of the protocol called (Anthropic's on /v1/messages), outside every
+    # layer that can reject, so their errors are reshaped too (edge/error_shape.py).
+    "error_shape",
     # CORS (Starlette's, when --cors-origin is set) outside everything else, so preflights and every
     # rejection carry the CORS headers a browser needs to read them.
     "cors",

@@ -24,7 +24,7 @@ from models import OutputSource, SamplingParams
 
 # Every protocol's generation endpoint: what the door's per-request layers (requests per minute,
 # concurrency, idempotency keys) apply to.
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 
 
 def _nothing_held() -> None:
@@ -35,7 +35,7 @@ def _nothing_held() -> None:
 class Generation:
     scope: Scope
     headers: Headers
-    endpoint: str  # "chat", "completions", "responses": part of what makes two requests the same
+    endpoint: str  # "chat", "completions", "responses", "messages": part of what makes two requests the same
     prompts: Sequence[list[int]]
     # One SamplingParams per choice of each prompt: sequence i * len(choice_params) + j is prompt i's
     # j-th choice. As degraded, once admission has run.

@@ -15,13 +15,11 @@ from app.chat.render import chat_finish_reason
 from app.generation.sse import event
 from app.generation.streaming import DoneEnding
 from app.openai.render import chat_logprobs_json
-from app.reasoning import ReasoningDelta, ReasoningStream
-from app.tools.call_stream import ToolCallStream
-from app.tools.calls import ArgumentsDelta, CallStart, ContentDelta, StreamEvent
+from app.reasoning import ReasoningDelta
+from app.reply_stream import Piece, ReplyStream
+from app.tools.calls import ArgumentsDelta, CallStart, ContentDelta
 from app.tools.choice import ToolPlan
 from models import RequestOutput, Tokenizer
-
-ChunkEvent = StreamEvent | ReasoningDelta
 
 
 class ChatChunks(DoneEnding):
@@ -36,8 +34,7 @@ class ChatChunks(DoneEnding):
         self.tokenizer = tokenizer
         self._plan = plan
         self._reasoning = reasoning
-        self._reasoning_streams: dict[int, ReasoningStream] = {}
-        self._tool_streams: dict[int, ToolCallStream] = {}
+        self._replies: dict[int, ReplyStream] = {}  # one per choice
         self._num_calls: dict[int, int] = {}
 
     def opening(self, num_choices: int) -> bytes:
@@ -56,32 +53,14 @@ class ChatChunks(DoneEnding):
             chunks.append(event(self.encoder.delta(index, None, finish_reason=reason)))
         return b"".join(chunks)
 
-    def _events(self, index: int, output: RequestOutput) -> list[ChunkEvent]:
+    def _events(self, index: int, output: RequestOutput) -> list[Piece]:
         """The output's text as events: reasoning first split off, then calls."""
-        pieces: list[ReasoningDelta | ContentDelta] = []
-        if self._reasoning is None:
-            if output.text:
-                pieces.append(ContentDelta(output.text))
-        else:
-            stream = self._reasoning_streams.get(index)
-            if stream is None:
-                stream = self._reasoning_streams[index] = ReasoningStream(in_reasoning=self._reasoning)
-            pieces = stream.push(output.text) if output.text else []
-            if output.finished:
-                pieces += stream.end()
-        if self._plan is None:
-            return list(pieces)
-        tools = self._tool_streams.get(index)
-        if tools is None:
-            tools = self._tool_streams[index] = self._plan.format.stream()
-        events: list[ChunkEvent] = []
-        for piece in pieces:
-            events += [piece] if isinstance(piece, ReasoningDelta) else tools.push(piece.text)
-        if output.finished:
-            events += tools.end()
-        return events
+        stream = self._replies.get(index)
+        if stream is None:
+            stream = self._replies[index] = ReplyStream(self._reasoning, self._plan)
+        return stream.push(output.text, output.finished)
 
-    def _chunk(self, index: int, chunk_event: ChunkEvent, logprobs: list[dict[str, object]] | None) -> str:
+    def _chunk(self, index: int, chunk_event: Piece, logprobs: list[dict[str, object]] | None) -> str:
         if isinstance(chunk_event, ContentDelta):
             return self.encoder.delta(index, chunk_event.text, logprobs=logprobs)
         if isinstance(chunk_event, ReasoningDelta):

@@ -33,6 +33,23 @@ class GenerationRequest(Protocol):
     def to_sampling_params(self, max_tokens: int) -> SamplingParams: ...
 
 
+class OneChoice:
+    """A `GenerationRequest`'s side for protocols with one choice and no logit biases (the
+    Responses and Messages APIs)."""
+
+    @property
+    def n(self) -> int:
+        return 1
+
+    @property
+    def logit_bias(self) -> dict[str, float] | None:
+        return None
+
+    @property
+    def stop_token_ids(self) -> list[int] | None:
+        return None
+
+
 def check_model(settings: Settings, requested: str) -> None:
     if requested not in (settings.model_name, settings.model):
         raise not_found_model(requested)

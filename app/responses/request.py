@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from app.generation.validation import OneChoice
 from app.openai.base import RequestModel
 from app.openai.limits import MAX_INT, MAX_MESSAGES, MAX_TOOLS
 from middleware.admission.priority import MAX_PRIORITY
@@ -46,7 +47,7 @@ class ReasoningConfig(RequestModel):
     generate_summary: str | None = None
 
 
-class ResponsesRequest(RequestModel):
+class ResponsesRequest(OneChoice, RequestModel):
     model: str
     input: str | list[dict[str, Any]] = Field(default="", max_length=MAX_MESSAGES)
     instructions: str | None = None
@@ -83,19 +84,6 @@ class ResponsesRequest(RequestModel):
         if value:
             raise ValueError("background responses are not supported by this server yet")
         return value
-
-    # What app/generation/validation.py asks of every generation request: one choice, no biases.
-    @property
-    def n(self) -> int:
-        return 1
-
-    @property
-    def logit_bias(self) -> dict[str, float] | None:
-        return None
-
-    @property
-    def stop_token_ids(self) -> list[int] | None:
-        return None
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         is_top_p_greedy = self.top_p == 0.0

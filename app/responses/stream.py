@@ -20,7 +20,8 @@ from typing import Any
 from app.generation.sse import event
 from app.openai import Usage as ChatUsage
 from app.openai.render import chat_logprobs_json
-from app.reasoning import ReasoningDelta, ReasoningStream
+from app.reasoning import ReasoningDelta
+from app.reply_stream import Piece, ReplyStream
 from app.responses.output import (
     ERROR_CODES,
     ResponseShell,
@@ -32,8 +33,7 @@ from app.responses.output import (
     status_of,
     text_part,
 )
-from app.tools.call_stream import ToolCallStream
-from app.tools.calls import ArgumentsDelta, CallStart, ContentDelta
+from app.tools.calls import CallStart, ContentDelta
 from app.tools.choice import ToolPlan
 from models import FinishReason, RequestOutput, Tokenizer
 
@@ -75,8 +75,7 @@ class ResponseEvents:
         self._output: list[dict[str, Any]] = []
         self._item: _Item | None = None
         self._whitespace = ""  # held until a message item opens: none opens for whitespace alone
-        self._reasoning = ReasoningStream(in_reasoning=reasoning) if reasoning is not None else None
-        self._tools: ToolCallStream | None = plan.format.stream() if plan is not None else None
+        self._reply = ReplyStream(reasoning, plan)
         self._reasoning_text: list[str] = []
         self._finish: FinishReason | None = None
 
@@ -92,7 +91,7 @@ class ResponseEvents:
         logprobs = (
             chat_logprobs_json(self.tokenizer, output.logprobs) if self._want_logprobs and output.logprobs else []
         )
-        parts = [self._piece(piece, logprobs) for piece in self._pieces(output)]
+        parts = [self._piece(piece, logprobs) for piece in self._reply.push(output.text, output.finished)]
         if output.finished:
             self._finish = output.finish_reason
             if self._item is None and not self._output:  # an empty reply is still one message
@@ -121,31 +120,12 @@ class ResponseEvents:
 
     # --- pieces -----------------------------------------------------------------------------
 
-    def _pieces(self, output: RequestOutput) -> list[ReasoningDelta | ContentDelta | CallStart | ArgumentsDelta]:
-        """The output's text: reasoning split off first, then calls."""
-        text_pieces: list[ReasoningDelta | ContentDelta] = []
-        if self._reasoning is None:
-            if output.text:
-                text_pieces.append(ContentDelta(output.text))
-        else:
-            text_pieces = list(self._reasoning.push(output.text)) if output.text else []
-            if output.finished:
-                text_pieces += self._reasoning.end()
-        if self._tools is None:
-            return list(text_pieces)
-        pieces: list[ReasoningDelta | ContentDelta | CallStart | ArgumentsDelta] = []
-        for piece in text_pieces:
-            pieces += [piece] if isinstance(piece, ReasoningDelta) else self._tools.push(piece.text)
-        if output.finished:
-            pieces += self._tools.end()
-        return pieces
-
-    def _piece(
-        self, piece: ReasoningDelta | ContentDelta | CallStart | ArgumentsDelta, logprobs: list[dict[str, Any]]
-    ) -> bytes:
+    def _piece(self, piece: Piece, logprobs: list[dict[str, Any]]) -> bytes:
         if isinstance(piece, ReasoningDelta):
             self._reasoning_text.append(piece.text)
             opened = self._open("reasoning") if self._kind != "reasoning" else b""
+            assert self._item is not None
+            self._item.text.append(piece.text)
             return opened + self._delta("response.reasoning_text.delta", piece.text)
         if isinstance(piece, ContentDelta):
             if self._kind != "message":

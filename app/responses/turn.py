@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
+from app.generation.turn import Turn
 from app.openai import JsonSchemaFormat, ResponseFormat
 from app.openai.tools import FunctionDefinition, NamedFunction, NamedToolChoice, ToolDefinition
 from app.responses.request import ResponsesRequest, TextFormat
@@ -30,26 +30,6 @@ NAMESPACE_SEPARATOR = "__"
 # Parts that carry text into the prompt, and what each keeps.
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 _ROLES = {"user", "system", "developer", "assistant"}
-
-
-@dataclass(slots=True)
-class Turn:
-    """What app/tools/choice.py's `ToolRequest` asks, and the template's messages and tools."""
-
-    messages: list[dict[str, Any]]
-    tools: list[ToolDefinition] | None
-    effective_tool_choice: str | NamedToolChoice
-    parallel_tool_calls: bool
-    response_format: ResponseFormat | None
-    # An offered name -> (namespace, the function's own name), for calls from a namespace group.
-    namespaces: dict[str, tuple[str, str]] = field(default_factory=dict)
-
-    def template_tools(self) -> list[dict[str, Any]] | None:
-        return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
-
-    def call_name(self, offered: str) -> tuple[str | None, str]:
-        """(namespace, name) of a call the model made by its offered name."""
-        return self.namespaces.get(offered, (None, offered))
 
 
 def build_turn(body: ResponsesRequest, context: list[dict[str, Any]] | None = None) -> Turn:

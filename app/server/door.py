@@ -19,6 +19,7 @@ from middleware.edge.allowed_hosts import ANY_HOST, AllowedHostsMiddleware
 from middleware.edge.auth import ApiKeyMiddleware
 from middleware.edge.body_limit import BodyLimitMiddleware
 from middleware.edge.draining import DrainingMiddleware
+from middleware.edge.error_shape import ErrorShapeMiddleware
 from middleware.edge.request_id import RequestIdMiddleware
 from middleware.idempotency.asgi import IdempotencyMiddleware, build_store
 from middleware.idempotency.store import TenantQuota
@@ -34,6 +35,7 @@ def install_door_layers(app: FastAPI, settings: Settings, state: ServerState, ht
     in that order (what is on)."""
     factories: dict[str, Callable[[], Entry | None]] = {
         "request_id": lambda: (RequestIdMiddleware, {}),
+        "error_shape": lambda: (ErrorShapeMiddleware, {}),
         "cors": lambda: _cors(settings),
         "http_metrics": lambda: http_metrics,
         "allowed_hosts": lambda: _allowed_hosts(settings),

@@ -6,12 +6,13 @@ one generation request (`app/generation/`) and back; serving it is one line in `
 
 from fastapi import APIRouter
 
+from app.anthropic import route as anthropic
 from app.chat import route as chat
 from app.completions import route as completions
 from app.responses import route as responses
 from app.server import system
 
-PROTOCOLS: tuple[APIRouter, ...] = (chat.router, completions.router, responses.router)
+PROTOCOLS: tuple[APIRouter, ...] = (chat.router, completions.router, responses.router, anthropic.router)
 
 router = APIRouter()
 router.include_router(system.router)

@@ -1,7 +1,8 @@
 """API-key authentication as a pure ASGI middleware.
 
-Owns the check of `Authorization: Bearer <key>` against the configured keys. Knows nothing of
-routes or the engine; it hands the authenticated key to later layers in `scope["state"]`.
+Owns the check of `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) against the
+configured keys. Knows nothing of routes or the engine; it hands the authenticated key to later
+layers in `scope["state"]`.
 
 Rules, in order:
 - non-HTTP scopes (lifespan, websocket) pass straight through;
@@ -113,6 +114,9 @@ def _match(keys: tuple[bytes, ...], presented: bytes) -> bytes | None:
 
 
 def _bearer_token(scope: Scope) -> bytes | None:
+    """The key presented: `Authorization: Bearer <key>` (OpenAI's), else `x-api-key: <key>`
+    (Anthropic's, which its SDK sends)."""
+    api_key = None
     for name, value in scope["headers"]:
         if name == b"authorization":
             scheme, _, token = value.partition(b" ")
@@ -120,7 +124,9 @@ def _bearer_token(scope: Scope) -> bytes | None:
             if scheme.lower() != b"bearer" or not token:
                 return None
             return bytes(token)
-    return None
+        if name == b"x-api-key" and value.strip():
+            api_key = bytes(value.strip())
+    return api_key
 
 
 async def _throttle(send: Send, retry_after: float) -> None:

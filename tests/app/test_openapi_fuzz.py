@@ -1,6 +1,7 @@
-"""schemathesis against the server's own /openapi.json: no 5xx, every error in OpenAI's shape.
+"""schemathesis against the server's own /openapi.json: no 5xx, every error in its protocol's shape
+(Anthropic's on /v1/messages, OpenAI's everywhere else).
 
-One test per operation in the schema (the two generation endpoints read their bodies by hand;
+One test per operation in the schema (the generation endpoints read their bodies by hand;
 `app/runtime/body.py` documents those bodies so schemathesis can build them). The schema is taken from
 an app built at import time, since pytest collects the tests before any server runs; the test
 checks it is the document the live server serves. NOTE: not `schemathesis.pytest.from_fixture`,
@@ -59,7 +60,7 @@ def examples_sent() -> Iterator[Counter[str]]:
 
 def test_the_schema_is_the_served_one_and_documents_the_request_bodies(live: LiveServer) -> None:
     assert httpx.get(f"{live.url}/openapi.json").json() == OPENAPI
-    for path in ("/v1/chat/completions", "/v1/completions"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"):
         body = OPENAPI["paths"][path]["post"]["requestBody"]
         assert body["required"] is True
         schema_text = str(body["content"]["application/json"]["schema"])
@@ -68,7 +69,7 @@ def test_the_schema_is_the_served_one_and_documents_the_request_bodies(live: Liv
 
 
 @schema.parametrize()
-def test_no_server_errors_and_every_error_is_openai_shaped(
+def test_no_server_errors_and_every_error_is_in_its_protocols_shape(
     case: Any, live: LiveServer, examples_sent: Counter[str]
 ) -> None:
     # Most schema-valid model names are unknown (a 404 at the first check); the served one makes
@@ -81,8 +82,11 @@ def test_no_server_errors_and_every_error_is_openai_shaped(
     if response.status_code >= 400 and not (case.path == "/ready" and response.status_code == 503):
         assert _header(response.headers, "content-type") == "application/json"
         body = response.json()
-        assert set(body) == {"error"}, body
-        assert set(body["error"]) == {"message", "type", "param", "code"}, body
+        if case.path.startswith("/v1/messages"):
+            assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        else:
+            assert set(body) == {"error"}, body
+            assert set(body["error"]) == {"message", "type", "param", "code"}, body
         assert isinstance(body["error"]["message"], str) and body["error"]["message"]
 
 

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from app.generation.validation import OneChoice
 from app.openai.base import RequestModel
-from app.openai.limits import MAX_INT, MAX_MESSAGES, MAX_STOP_LENGTH, MAX_TOOLS
+from app.openai.limits import MAX_CONTENT_PARTS, MAX_INT, MAX_MESSAGES, MAX_STOP_LENGTH, MAX_TOOLS
 from middleware.admission.priority import MAX_PRIORITY
 from models import MAX_STOP_STRINGS, SamplingParams
 
@@ -35,7 +35,7 @@ class ToolChoiceParam(RequestModel):
 
 class MessageParam(RequestModel):
     role: Literal["user", "assistant"]
-    content: str | list[dict[str, Any]]
+    content: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_CONTENT_PARTS)]
 
 
 class MessagesRequest(OneChoice, RequestModel):

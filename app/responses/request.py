@@ -10,7 +10,7 @@ image and file inputs (a text model), an unknown `truncation`. Bounds follow the
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -49,7 +49,8 @@ class ReasoningConfig(RequestModel):
 
 class ResponsesRequest(OneChoice, RequestModel):
     model: str
-    input: str | list[dict[str, Any]] = Field(default="", max_length=MAX_MESSAGES)
+    # The bound is the list's (a string input is bounded by the body and the context, as chat's).
+    input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_MESSAGES)] = ""
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=MAX_INT)
     temperature: float | None = Field(None, ge=0.0, le=2.0)

@@ -15,10 +15,9 @@ from app.anthropic.output import message, new_id, stop_reason, tool_input, usage
 from app.anthropic.request import CountTokensRequest, MessagesRequest
 from app.anthropic.stream import MessageEvents
 from app.anthropic.turn import build_turn
-from app.generation.collect import ClientDisconnected, collect, unless_disconnected
+from app.generation.collect import collect, unless_disconnected
 from app.generation.pipeline import start_generation
-from app.generation.sse import sse_response
-from app.generation.streaming import stream_events
+from app.generation.streaming import stream_response
 from app.generation.turn import Turn
 from app.generation.validation import check_model, check_text_fits, sampling_params, tokenize_sized
 from app.reasoning import prompt_opens_reasoning, split_reasoning
@@ -58,12 +57,8 @@ async def create_message(request: Request) -> Response:
     group, headers = started.source, started.headers
     if body.stream:
         renderer = MessageEvents(body.model, len(prompt), plan, reasoning)
-        events = stream_events(group, renderer, len(prompt), state.settings.keepalive_seconds)
-        return sse_response(events, headers, on_close=lambda: group.__aexit__(None, None, None))
-    try:
-        (result,) = await unless_disconnected(request, collect(group))
-    except ClientDisconnected:
-        return Response(status_code=499)
+        return stream_response(group, renderer, len(prompt), state.settings.keepalive_seconds, headers)
+    (result,) = await unless_disconnected(request, collect(group))
     text = "".join(result.text)
     content: list[dict[str, object]] = []
     if reasoning is not None:

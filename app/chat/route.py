@@ -11,10 +11,9 @@ from app.chat.chunks import ChatChunks
 from app.chat.encoder import ChatChunkEncoder
 from app.chat.render import chat_finish_reason, tool_calls_json
 from app.chat.request import ChatCompletionRequest
-from app.generation.collect import ChoiceResult, ClientDisconnected, collect, unless_disconnected
+from app.generation.collect import ChoiceResult, collect, unless_disconnected
 from app.generation.pipeline import start_generation
-from app.generation.sse import sse_response
-from app.generation.streaming import stream_events
+from app.generation.streaming import stream_response
 from app.generation.validation import (
     check_model,
     check_template_variables,
@@ -70,21 +69,9 @@ async def create_chat_completion(request: Request) -> Response:
         encoder = ChatChunkEncoder(
             completion_id=completion_id, model=body.model, created=created, include_usage=body.include_usage
         )
-        events = stream_events(
-            group,
-            ChatChunks(encoder, engine.tokenizer, plan, reasoning),
-            len(prompt),
-            state.settings.keepalive_seconds,
-        )
-        return sse_response(
-            events,
-            headers,
-            on_close=lambda: group.__aexit__(None, None, None),
-        )
-    try:
-        results = await unless_disconnected(request, collect(group))
-    except ClientDisconnected:
-        return Response(status_code=499)
+        renderer = ChatChunks(encoder, engine.tokenizer, plan, reasoning)
+        return stream_response(group, renderer, len(prompt), state.settings.keepalive_seconds, headers)
+    results = await unless_disconnected(request, collect(group))
     want_logprobs = body.logprobs and choice_params[0].logprobs is not None  # level 1 drops them
     return JSONResponse(
         _response_body(completion_id, created, body.model, results, engine, want_logprobs, plan, reasoning),

@@ -9,10 +9,9 @@ from starlette.responses import JSONResponse, Response
 
 from app.completions.chunks import CompletionChunkEncoder, CompletionChunks
 from app.completions.request import CompletionRequest
-from app.generation.collect import ChoiceResult, ClientDisconnected, collect, unless_disconnected
+from app.generation.collect import ChoiceResult, collect, unless_disconnected
 from app.generation.pipeline import start_generation
-from app.generation.sse import sse_response
-from app.generation.streaming import stream_events
+from app.generation.streaming import stream_response
 from app.generation.validation import check_model, check_text_fits, sampling_params, tokenize_sized
 from app.openai import Usage, cached_tokens, new_completion_id
 from app.openai.render import completion_logprobs_json, finish_reason_text
@@ -66,22 +65,10 @@ async def create_completion(request: Request) -> Response:
         encoder = CompletionChunkEncoder(
             completion_id=completion_id, model=body.model, created=created, include_usage=body.include_usage
         )
-        events = stream_events(
-            group,
-            CompletionChunks(encoder, engine.tokenizer, len(group.request_ids)),
-            num_prompt,
-            state.settings.keepalive_seconds,
-            num_prompts=len(prompts),
-        )
-        return sse_response(
-            events,
-            headers,
-            on_close=lambda: group.__aexit__(None, None, None),
-        )
-    try:
-        results = await unless_disconnected(request, collect(group))
-    except ClientDisconnected:
-        return Response(status_code=499)
+        renderer = CompletionChunks(encoder, engine.tokenizer, len(group.request_ids))
+        keepalive = state.settings.keepalive_seconds
+        return stream_response(group, renderer, num_prompt, keepalive, headers, num_prompts=len(prompts))
+    results = await unless_disconnected(request, collect(group))
     want_logprobs = body.logprobs is not None and choice_params[0].logprobs is not None  # level 1 drops them
     return JSONResponse(
         _response_body(

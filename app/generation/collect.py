@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from app.runtime.state import RETRY_AFTER_SECONDS
 from middleware.errors import invalid_request, server_error, service_unavailable
@@ -58,8 +59,9 @@ def raise_if_failed(output: RequestOutput) -> None:
     raise server_error(f"The server had an error while generating: {output.error}")
 
 
-class ClientDisconnected(Exception):
-    """The client closed the connection before the response was ready."""
+class ClientDisconnected(ClientDisconnect):
+    """The client closed the connection before the response was ready: answered, as a client gone
+    while its body was read, with a 499 by app/server/errors.py."""
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from app.generation.sse import DONE, KEEPALIVE, LastEvents, error_event, event
+from app.generation.sse import DONE, KEEPALIVE, LastEvents, SSEResponse, error_event, event, sse_response
 from app.openai import ChunkEncoder, Usage, cached_tokens
 from models import FinishReason, OutputSource, RequestOutput
 
@@ -46,6 +46,20 @@ class DoneEnding:
 
     def ending(self, usage: Usage) -> bytes:
         return (event(self.encoder.usage(usage)) if self.encoder.include_usage else b"") + DONE
+
+
+def stream_response(
+    source: OutputSource,
+    renderer: StreamRenderer,
+    num_prompt_tokens: int,
+    keepalive: float,
+    headers: dict[str, str] | None,
+    num_prompts: int = 1,
+) -> SSEResponse:
+    """A protocol's stream as the HTTP response: its events, and the source released however the
+    response ends (app/generation/sse.py says why that is the response's job)."""
+    events = stream_events(source, renderer, num_prompt_tokens, keepalive, num_prompts)
+    return sse_response(events, headers, on_close=lambda: source.__aexit__(None, None, None))
 
 
 async def stream_events(

@@ -13,10 +13,9 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response
 
-from app.generation.collect import ChoiceResult, ClientDisconnected, collect, unless_disconnected
+from app.generation.collect import ChoiceResult, collect, unless_disconnected
 from app.generation.pipeline import start_generation
-from app.generation.sse import sse_response
-from app.generation.streaming import stream_events
+from app.generation.streaming import stream_response
 from app.generation.validation import check_model, check_text_fits, sampling_params, tokenize_sized
 from app.openai.render import chat_logprobs_json
 from app.reasoning import prompt_opens_reasoning, split_reasoning
@@ -93,12 +92,8 @@ async def create_response(request: Request) -> Response:
 
     if body.stream:
         renderer = ResponseEvents(shell, engine.tokenizer, plan, reasoning, want_logprobs, count_tokens, keep)
-        events = stream_events(group, renderer, len(prompt), state.settings.keepalive_seconds)
-        return sse_response(events, headers, on_close=lambda: group.__aexit__(None, None, None))
-    try:
-        (result,) = await unless_disconnected(request, collect(group))
-    except ClientDisconnected:
-        return Response(status_code=499)
+        return stream_response(group, renderer, len(prompt), state.settings.keepalive_seconds, headers)
+    (result,) = await unless_disconnected(request, collect(group))
     response = _response_body(shell, result, engine, plan, reasoning, want_logprobs)
     keep(response)
     return JSONResponse(response, headers=headers)

@@ -64,11 +64,12 @@ async def _handle_http_exception(request: Request, exc: StarletteHTTPException) 
 
 
 async def _handle_client_disconnect(request: Request, exc: ClientDisconnect) -> Response:
-    """The client left while its body was being read: nobody to answer, and not our error.
+    """The client left while its body was read or its whole reply was generated (app/generation/
+    collect.py's ClientDisconnected): nobody to answer, and not our error.
 
-    NOTE: 499 (nginx's "client closed request"), as the routes answer a client gone mid-generation;
-    without this it was an "Unhandled error" traceback in the log and a 500 in the HTTP metrics."""
-    logger.debug("client disconnected while sending %s %s", request.method, request.url.path)
+    NOTE: 499 (nginx's "client closed request"); without this it was an "Unhandled error" traceback
+    in the log and a 500 in the HTTP metrics."""
+    logger.debug("client disconnected before the reply to %s %s", request.method, request.url.path)
     return Response(status_code=499)
 
 

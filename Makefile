@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test test-reliability install install-dev install-bench lint typecheck unit bench bench-overhead redis k8s-tools node-example clean
+.PHONY: run test test-reliability install install-dev install-bench lint typecheck unit bench bench-overhead redis k8s-tools node-example codex-cli clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +51,14 @@ node-example:
 		(cd examples/node && npm install --no-audit --no-fund) || echo "npm install failed: tests/examples will skip the Node example"; \
 	else echo "npm not found: tests/examples will skip the Node example"; fi
 
-unit: install-dev redis k8s-tools node-example
+# tests/examples/test_codex.py runs the Codex CLI (npm @openai/codex, ~420 MB with its binary);
+# without npm, or offline, the test skips and says so.
+codex-cli:
+	@if command -v npm >/dev/null 2>&1; then \
+		(cd examples/codex && npm install --no-audit --no-fund) || echo "npm install failed: tests/examples will skip the Codex CLI"; \
+	else echo "npm not found: tests/examples will skip the Codex CLI"; fi
+
+unit: install-dev redis k8s-tools node-example codex-cli
 	$(PY) -m pytest -q
 
 test: lint typecheck unit

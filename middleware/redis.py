@@ -37,6 +37,20 @@ log = logging.getLogger("surge.redis")
 
 T = TypeVar("T")
 
+# A Lua function for the scripts that keep a quota per tenant (idempotency keys, stored
+# responses): KEYS[2] the tenant's sorted set of members, KEYS[3] its hash of each member's bytes
+# and their `#total`. `forget(member)` drops a member from both.
+LUA_FORGET_MEMBER = """
+local function forget(member)
+  local size = tonumber(redis.call('HGET', KEYS[3], member) or '0')
+  redis.call('ZREM', KEYS[2], member)
+  if size > 0 then
+    redis.call('HDEL', KEYS[3], member)
+    redis.call('HINCRBY', KEYS[3], '#total', -size)
+  end
+end
+"""
+
 # Event-loop turns given after the timeout to a reply that arrived while the loop was busy: a
 # command on an open connection takes 5 turns from send to result (a new connection 19).
 _GRACE_TURNS = 8

@@ -6,6 +6,7 @@
     .venv/bin/python -m scripts.bench --systems surge,naive --rate 4 --duration 20   # plus an open loop
     .venv/bin/python -m scripts.bench --structured --concurrency 32 --rounds 3       # constrained decoding's cost
     .venv/bin/python -m scripts.bench --workload shared-prefix,multi-turn,no-shared  # the prefix cache's worth
+    .venv/bin/python -m scripts.bench --workload multi-turn,responses-chain --systems surge  # chat vs Responses chains
     make bench                                                        # the bench extra, then the full run
 
 For each concurrency B (default 1,8,32,64), one measurement after another so nothing overlaps:
@@ -367,6 +368,8 @@ def workload_servers(
 ) -> list[BenchServer]:
     """The servers one `--systems` name stands for in a prefix workload (surge: both cache modes)."""
     seq_tokens = args.prefix_tokens + spec.num_turns * (spec.max_tokens + 64) + 64  # the longest history, and room
+    if spec.workload == "responses-chain" and system != "surge":
+        return []  # the peers keep no responses: no previous_response_id (scripts/benchkit/prefix_responses.py)
     if system == "surge":
         return [
             replace(surge_server(model_dir, spec.concurrency, args, mode), name=name)

@@ -1,8 +1,8 @@
 """The Message object and its content blocks, as Anthropic's API returns them.
 
-`stop_reason`: `tool_use` when the reply called tools, `max_tokens` when it was cut, else
-`end_turn` (a stop sequence's match is not told apart from the model's own end: `stop_sequence`
-stays null). Ids: `msg_` and `toolu_` with 24 random characters, as Anthropic's look.
+`stop_reason`: `tool_use` when the reply called tools, `max_tokens` when it was cut,
+`stop_sequence` (with `stop_sequence` the one that matched) when one of the request's
+`stop_sequences` ended it, else `end_turn`. Ids: `msg_` and `toolu_` with 24 random characters, as Anthropic's look.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import string
+from collections.abc import Sequence
 from typing import Any
 
 from models import FinishReason
@@ -21,10 +22,17 @@ def new_id(prefix: str) -> str:
     return prefix + "_01" + "".join(secrets.choice(_ALPHABET) for _ in range(22))
 
 
-def stop_reason(reason: FinishReason | None, num_calls: int) -> str:
+def stop_reason(
+    reason: FinishReason | None, num_calls: int, matched: str | int | None, asked: Sequence[str]
+) -> tuple[str, str | None]:
+    """(`stop_reason`, `stop_sequence`); `matched`: what the engine says ended the reply."""
     if reason is FinishReason.LENGTH:
-        return "max_tokens"
-    return "tool_use" if num_calls else "end_turn"
+        return "max_tokens", None
+    if num_calls:
+        return "tool_use", None
+    if isinstance(matched, str) and matched in asked:
+        return "stop_sequence", matched
+    return "end_turn", None
 
 
 def usage(input_tokens: int, output_tokens: int, cached_tokens: int) -> dict[str, Any]:

@@ -56,7 +56,7 @@ async def create_message(request: Request) -> Response:
     started = await start_generation(request, state, [prompt], choice_params, body.priority, "messages")
     group, headers = started.source, started.headers
     if body.stream:
-        renderer = MessageEvents(body.model, len(prompt), plan, reasoning)
+        renderer = MessageEvents(body.model, len(prompt), plan, reasoning, body.stop_sequences or ())
         return stream_response(group, renderer, len(prompt), state.settings.keepalive_seconds, headers)
     (result,) = await unless_disconnected(request, collect(group))
     text = "".join(result.text)
@@ -75,8 +75,9 @@ async def create_message(request: Request) -> Response:
         block_id = "toolu" + call.id.removeprefix("call")
         content.append({"type": "tool_use", "id": block_id, "name": call.name, "input": tool_input(call.arguments)})
     totals = usage(result.num_prompt_tokens, len(result.token_ids), result.num_cached_tokens)
-    reason = stop_reason(result.finish_reason, len(calls))
-    return JSONResponse(message(new_id("msg"), body.model, content, stop_reason=reason, usage=totals), headers=headers)
+    reason, sequence = stop_reason(result.finish_reason, len(calls), result.stop_reason, body.stop_sequences or ())
+    answer = message(new_id("msg"), body.model, content, stop_reason=reason, stop_sequence=sequence, usage=totals)
+    return JSONResponse(answer, headers=headers)
 
 
 @router.post("/v1/messages/count_tokens", response_model=None, openapi_extra=documented_body(CountTokensRequest))

@@ -11,6 +11,7 @@ Text that is only whitespace between a model's calls opens no text block.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from app.anthropic.output import message, new_id, stop_reason, usage
@@ -27,7 +28,14 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 class MessageEvents:
-    def __init__(self, model: str, num_prompt_tokens: int, plan: ToolPlan | None, reasoning: bool | None) -> None:
+    def __init__(
+        self,
+        model: str,
+        num_prompt_tokens: int,
+        plan: ToolPlan | None,
+        reasoning: bool | None,
+        stop_sequences: Sequence[str] = (),
+    ) -> None:
         self.id = new_id("msg")
         self._model = model
         self._num_prompt_tokens = num_prompt_tokens
@@ -37,6 +45,8 @@ class MessageEvents:
         self._whitespace = ""
         self._num_calls = 0
         self._finish: FinishReason | None = None
+        self._matched: str | int | None = None  # the stop string or token that ended the reply
+        self._stop_sequences = stop_sequences
 
     # --- StreamRenderer ---------------------------------------------------------------------
 
@@ -48,6 +58,7 @@ class MessageEvents:
         parts = [self._piece(piece) for piece in self._reply.push(output.text, output.finished)]
         if output.finished:
             self._finish = output.finish_reason
+            self._matched = output.stop_reason
             if self._index < 0:  # an empty reply is still one (empty) text block
                 parts.append(self._open("text", {"type": "text", "text": ""}))
             parts.append(self._close())
@@ -58,7 +69,8 @@ class MessageEvents:
         return b"event: error\n" + event(anthropic_error(status, message).decode())
 
     def ending(self, totals: Usage) -> bytes:
-        delta = {"stop_reason": stop_reason(self._finish, self._num_calls), "stop_sequence": None}
+        reason, sequence = stop_reason(self._finish, self._num_calls, self._matched, self._stop_sequences)
+        delta = {"stop_reason": reason, "stop_sequence": sequence}
         cached = totals.prompt_tokens_details.cached_tokens
         final = usage(totals.prompt_tokens, totals.completion_tokens, cached)
         return self._event("message_delta", delta=delta, usage=final) + self._event("message_stop")

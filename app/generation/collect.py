@@ -30,6 +30,7 @@ class ChoiceResult:
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    stop_reason: str | int | None = None  # the stop string or token that ended it (vLLM's)
 
 
 async def collect(source: OutputSource) -> list[ChoiceResult]:
@@ -46,6 +47,7 @@ async def collect(source: OutputSource) -> list[ChoiceResult]:
                 result.finish_reason = output.finish_reason
                 result.num_prompt_tokens = output.num_prompt_tokens
                 result.num_cached_tokens = output.num_cached_tokens
+                result.stop_reason = output.stop_reason
     return results
 
 

@@ -9,7 +9,7 @@ end costs one write, not three.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from app.generation.sse import DONE, KEEPALIVE, LastEvents, SSEResponse, error_event, event, sse_response
@@ -55,10 +55,13 @@ def stream_response(
     keepalive: float,
     headers: dict[str, str] | None,
     num_prompts: int = 1,
+    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> SSEResponse:
     """A protocol's stream as the HTTP response: its events, and the source released however the
-    response ends (app/generation/sse.py says why that is the response's job)."""
-    events = stream_events(source, renderer, num_prompt_tokens, keepalive, num_prompts)
+    response ends (app/generation/sse.py says why that is the response's job). `settle` is awaited
+    before the last events go out: what the client may act on once it reads them (a stored
+    response it continues from) is in place by then."""
+    events = stream_events(source, renderer, num_prompt_tokens, keepalive, num_prompts, settle)
     return sse_response(events, headers, on_close=lambda: source.__aexit__(None, None, None))
 
 
@@ -68,6 +71,7 @@ async def stream_events(
     num_prompt_tokens: int,
     keepalive: float,
     num_prompts: int = 1,
+    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[bytes]:
     num_completion_tokens = 0
     cached = [0] * len(source.request_ids)  # prompt tokens each choice reused from the prefix cache
@@ -84,7 +88,10 @@ async def stream_events(
             for out in outputs:
                 if out.error is not None:
                     kind = "invalid_request_error" if out.finish_reason is FinishReason.INVALID else "server_error"
-                    yield LastEvents(b"".join(parts) + renderer.failure(out.error, kind))
+                    failure = renderer.failure(out.error, kind)
+                    if settle is not None:
+                        await settle()
+                    yield LastEvents(b"".join(parts) + failure)
                     return
                 num_completion_tokens += len(out.token_ids)
                 index = source.index[out.request_id]
@@ -95,4 +102,7 @@ async def stream_events(
             else:
                 yield b"".join(parts)
     usage = Usage.of(num_prompt_tokens, num_completion_tokens, cached_tokens(cached, num_prompts))
-    yield LastEvents(opening + last + renderer.ending(usage))
+    ending = renderer.ending(usage)
+    if settle is not None:
+        await settle()
+    yield LastEvents(opening + last + ending)

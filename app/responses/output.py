@@ -89,7 +89,7 @@ class ResponseShell:
             "metadata": body.metadata or {},
             "prompt_cache_key": body.prompt_cache_key,
             "safety_identifier": body.safety_identifier,
-            "background": False,
+            "background": body.background,
         }
         # Optional fields the schema does not let be null: left out until they have a value.
         if usage is not None:

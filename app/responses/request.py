@@ -3,8 +3,8 @@
 Codex, the openai Agents SDK and LangChain send fields a local server cannot act on (`store`,
 `include`, `prompt_cache_key`, `client_metadata`, `service_tier`, `reasoning.summary`, ...): each is
 accepted and echoed where the Response object has a place for it, never a 400. Only values surge
-cannot honour in any way get one, naming the field: `background: true` (no background runs yet),
-image and file inputs (a text model), an unknown `truncation`. Bounds follow the chat body's
+cannot honour in any way get one, naming the field: image and file inputs (a text model), an
+unknown `truncation`, `background: true` with `stream: true` or without `store`. Bounds follow the chat body's
 (app/openai/limits.py).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from app.generation.validation import OneChoice
 from app.openai.base import RequestModel
@@ -78,13 +78,6 @@ class ResponsesRequest(OneChoice, RequestModel):
     priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     # vLLM's extension, as chat's: generate until max_output_tokens whatever the model says.
     ignore_eos: bool = False
-
-    @field_validator("background")
-    @classmethod
-    def _no_background(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("background responses are not supported by this server yet")
-        return value
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         is_top_p_greedy = self.top_p == 0.0

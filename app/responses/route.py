@@ -19,6 +19,7 @@ from app.generation.streaming import stream_response
 from app.generation.validation import check_model, check_text_fits, sampling_params, tokenize_sized
 from app.openai.render import chat_logprobs_json
 from app.reasoning import prompt_opens_reasoning, split_reasoning
+from app.responses.background import run_in_background
 from app.responses.output import (
     ResponseShell,
     Usage,
@@ -30,13 +31,15 @@ from app.responses.output import (
 )
 from app.responses.request import ResponsesRequest
 from app.responses.stream import ResponseEvents
-from app.responses.turn import Turn, build_turn, input_items, refusal_param
+from app.responses.turn import Turn, build_turn, input_items, refusal_param, resolve_references
 from app.runtime.body import documented_body, json_body
-from app.runtime.response_store import ResponseStore, StoredResponse
+from app.runtime.response_store import StoredResponse
+from app.runtime.response_store_redis import RUNNING
 from app.runtime.state import ServerState, generation_inputs
 from app.tools.choice import ToolPlan, plan_and_constrain
 from middleware.errors import OpenAIError, invalid_request, not_found
 from middleware.generation import key_share_of
+from middleware.rate_limit.concurrency import LEASE_STATE, KeyLease
 from models import AsyncEngine
 
 router = APIRouter()
@@ -47,22 +50,28 @@ _parse_body = json_body(ResponsesRequest)
 async def create_response(request: Request) -> Response:
     body, state, engine = await generation_inputs(request, _parse_body)
     check_model(state.settings, body.model)
+    if body.background and not body.store:
+        raise invalid_request("A background response must be stored: store=true.", param="background")
+    if body.background and body.stream:
+        raise invalid_request("Streaming a background response is not supported; poll it instead.", param="stream")
     tenant = tenant_of(request)
     context: list[dict[str, Any]] = []
     if body.previous_response_id is not None:
-        previous = state.responses.get(tenant, body.previous_response_id)
+        previous = await state.responses.get(tenant, body.previous_response_id)
         if previous is None:  # never stored, expired, deleted, or another key's: all the same to this key
             message = f"Previous response with id '{body.previous_response_id}' not found."
             raise not_found(message, param="previous_response_id")
         context = previous.context
+    resolve_references(body, context)
     turn = build_turn(body, context)
     own_items = input_items(body)
 
-    def keep(response: dict[str, Any]) -> None:
-        """The finished Response, stored when the request asks (`store`, true by default)."""
+    async def keep(response: dict[str, Any]) -> None:
+        """The finished Response, stored when the request asks (`store`, true by default); a
+        background one only while it is stored as running (not once cancelled or deleted)."""
         if body.store:
             stored = StoredResponse(response, own_items, [*context, *own_items, *response["output"]])
-            state.responses.put(tenant, response["id"], stored)
+            await state.responses.put(tenant, response["id"], stored, if_running=body.background)
 
     def encode() -> list[int]:
         check_text_fits(engine, [str(message.get("content") or "") for message in turn.messages], "input")
@@ -90,12 +99,34 @@ async def create_response(request: Request) -> Response:
     def count_tokens(text: str) -> int:
         return len(engine.tokenizer.encode(text))
 
+    def render(result: ChoiceResult) -> dict[str, object]:
+        return _response_body(shell, result, engine, plan, reasoning, want_logprobs)
+
+    if body.background:
+        queued = shell.json("queued", [], None)
+        await state.responses.put(tenant, shell.id, StoredResponse(queued, own_items, context))
+
+        def fail(error: dict[str, str]) -> dict[str, Any]:
+            return shell.json("failed", [], None, error=error)
+
+        # The key's concurrency places stay held by the run, not freed when this response ends.
+        lease: KeyLease | None = request.scope.get("state", {}).get(LEASE_STATE)
+        release = lease.outlive_response() if lease is not None else None
+        work = run_in_background(group, state.background, state.responses, tenant, shell.id, render, fail, keep)
+        state.background.start(tenant, shell.id, work, on_end=release)
+        return JSONResponse(queued, headers=headers)
     if body.stream:
-        renderer = ResponseEvents(shell, engine.tokenizer, plan, reasoning, want_logprobs, count_tokens, keep)
-        return stream_response(group, renderer, len(prompt), state.settings.keepalive_seconds, headers)
+        renderer = ResponseEvents(shell, engine.tokenizer, plan, reasoning, want_logprobs, count_tokens)
+
+        async def settle() -> None:
+            if renderer.final is not None:
+                await keep(renderer.final)
+
+        keepalive = state.settings.keepalive_seconds
+        return stream_response(group, renderer, len(prompt), keepalive, headers, settle=settle)
     (result,) = await unless_disconnected(request, collect(group))
-    response = _response_body(shell, result, engine, plan, reasoning, want_logprobs)
-    keep(response)
+    response = render(result)
+    await keep(response)
     return JSONResponse(response, headers=headers)
 
 
@@ -143,28 +174,54 @@ def tenant_of(request: Request) -> str:
     return key_share_of(request.scope) or ""
 
 
-def _store(request: Request) -> ResponseStore:
+def _state(request: Request) -> ServerState:
     state: ServerState = request.app.state.surge
-    return state.responses
+    return state
 
 
-def _stored_or_404(request: Request, response_id: str) -> StoredResponse:
-    stored = _store(request).get(tenant_of(request), response_id)
+async def _stored_or_404(request: Request, response_id: str) -> StoredResponse:
+    stored = await _state(request).responses.get(tenant_of(request), response_id)
     if stored is None:
         raise not_found(f"Response with id '{response_id}' not found.")
     return stored
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)
-async def retrieve_response(request: Request, response_id: str) -> Response:
-    return JSONResponse(_stored_or_404(request, response_id).response)
+async def retrieve_response(request: Request, response_id: str, stream: bool = False) -> Response:
+    if stream:
+        raise invalid_request("Streaming a stored response is not supported; retrieve it whole.", param="stream")
+    return JSONResponse((await _stored_or_404(request, response_id)).response)
 
 
 @router.delete("/v1/responses/{response_id}", response_model=None)
 async def delete_response(request: Request, response_id: str) -> Response:
-    if not _store(request).delete(tenant_of(request), response_id):
+    state, tenant = _state(request), tenant_of(request)
+    state.background.cancel(tenant, response_id)  # a run whose response is gone has nobody to answer
+    if not await state.responses.delete(tenant, response_id):
         raise not_found(f"Response with id '{response_id}' not found.")
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.post("/v1/responses/{response_id}/cancel", response_model=None)
+async def cancel_response(request: Request, response_id: str) -> Response:
+    """Stop a background response: here if this replica runs it, else by a mark the replica that
+    runs it finds (Redis). A finished one is answered as it is; a synchronous one cannot be."""
+    state, tenant = _state(request), tenant_of(request)
+    stored = await _stored_or_404(request, response_id)
+    if not stored.response.get("background"):
+        raise invalid_request("Cannot cancel a synchronous response.")
+    if stored.response.get("status") not in RUNNING:
+        return JSONResponse(stored.response)
+    cancelled = StoredResponse({**stored.response, "status": "cancelled"}, stored.input_items, stored.context)
+    if state.background.cancel(tenant, response_id) or not state.responses.is_shared:
+        await state.responses.put(tenant, response_id, cancelled)
+        return JSONResponse(cancelled.response)
+    marked, finished = await state.responses.mark_cancelled(tenant, response_id, cancelled)
+    if marked:
+        return JSONResponse(cancelled.response)
+    if finished is not None:
+        return JSONResponse(finished.response)
+    raise not_found(f"Response with id '{response_id}' not found.")
 
 
 @router.get("/v1/responses/{response_id}/input_items", response_model=None)
@@ -176,7 +233,7 @@ async def list_input_items(
     order: Literal["asc", "desc"] = "desc",
 ) -> Response:
     """The response's own input items, a page at a time, as OpenAI lists them."""
-    items = list(_stored_or_404(request, response_id).input_items)
+    items = list((await _stored_or_404(request, response_id)).input_items)
     if order == "desc":
         items.reverse()
     if after is not None:

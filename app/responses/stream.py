@@ -62,15 +62,15 @@ class ResponseEvents:
         reasoning: bool | None,
         want_logprobs: bool,
         count_tokens: Callable[[str], int],
-        keep: Callable[[dict[str, Any]], None],
     ) -> None:
-        """keep: what the final Response goes to (the store, when the request asks)."""
         self.shell = shell
         self.tokenizer = tokenizer
         self._plan = plan
         self._want_logprobs = want_logprobs
         self._count_tokens = count_tokens
-        self._keep = keep
+        # The final Response once the stream ends: stored (when the request asks) before the
+        # last event goes out (app/responses/route.py).
+        self.final: dict[str, Any] | None = None
         self._sequence = 0
         self._output: list[dict[str, Any]] = []
         self._item: _Item | None = None
@@ -102,7 +102,7 @@ class ResponseEvents:
     def failure(self, message: str, kind: str) -> bytes:
         error = {"code": ERROR_CODES.get(kind, "server_error"), "message": message}
         response = self.shell.json("failed", self._output, None, error=error)
-        self._keep(response)
+        self.final = response
         return self._event("response.failed", response=response)
 
     def ending(self, usage: ChatUsage) -> bytes:
@@ -115,7 +115,7 @@ class ResponseEvents:
             min(reasoning_tokens, usage.completion_tokens),
         )
         response = self.shell.json(status, self._output, totals, incomplete=incomplete)
-        self._keep(response)
+        self.final = response
         return self._event(f"response.{status}", response=response)
 
     # --- pieces -----------------------------------------------------------------------------

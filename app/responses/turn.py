@@ -63,11 +63,6 @@ def _messages(body: ResponsesRequest, context: list[dict[str, Any]]) -> list[dic
             )
         elif kind == "reasoning":
             continue
-        elif kind == "item_reference":
-            raise invalid_request(
-                "Input item references are not supported yet: send the item itself, or previous_response_id.",
-                param=f"input[{index}]",
-            )
         else:
             raise invalid_request(f"Input items of type '{kind}' are not supported.", param=f"input[{index}].type")
     return messages
@@ -242,6 +237,27 @@ def refusal_param(error: OpenAIError) -> OpenAIError:
     return error
 
 
+def resolve_references(body: ResponsesRequest, context: list[dict[str, Any]]) -> None:
+    """`item_reference` inputs replaced by the items they name, from the `previous_response_id`
+    chain (every item it holds has its id); one that names no item there is a 400."""
+    if isinstance(body.input, str) or not any(item.get("type") == "item_reference" for item in body.input):
+        return
+    by_id = {item["id"]: item for item in context if isinstance(item.get("id"), str)}
+    resolved = []
+    for index, item in enumerate(body.input):
+        if item.get("type") == "item_reference":
+            found = by_id.get(item.get("id"))
+            if found is None:
+                raise invalid_request(
+                    f"Item with id {item.get('id')!r} not found: a reference names an item of the "
+                    "previous_response_id chain.",
+                    param=f"input[{index}].id",
+                )
+            item = found
+        resolved.append(item)
+    body.input = resolved
+
+
 def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
     """The request's input as stored items, each with an id: what `input_items` lists and a
     continuation starts from."""
@@ -257,7 +273,7 @@ def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
             prefix = "msg"
         else:
             prefix = {"function_call": "fc", "reasoning": "rs"}.get(str(kind), "item")
-        items.append({"id": new_id(prefix), **item})
+        items.append({"id": new_id(prefix), **item})  # a referenced item keeps its own id
     return items
 
 

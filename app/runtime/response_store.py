@@ -4,8 +4,9 @@
 A tenant is the API key (every caller is one tenant with auth off); another key's ids are not
 found, for reading, deleting and continuing alike. Each tenant keeps at most `max_entries`
 responses and `max_bytes` of them, each for `ttl_seconds`: past a bound its own oldest go, never
-another tenant's. In this process's memory: a chain continues on the replica that stored it
-(Redis-backed storage, for a fleet, is not built yet: docs/responses.md).
+another tenant's. This is the in-memory store (a chain continues on the replica that stored it);
+app/runtime/response_store_redis.py keeps the same in Redis for a fleet, and
+app/runtime/response_storage.py picks between them.
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ from fastapi import Request
 
 from app.config.settings import Settings
 from app.response_format import Constraints
+from app.runtime.background import BackgroundRuns
 from app.runtime.connections import Connections
 from app.runtime.request_budget import MAX_BODY_BYTES, RequestBudget
+from app.runtime.response_storage import ResponseStorage
 from app.runtime.response_store import ResponseStore, StoreLimits
 from app.tools.formats import FORMATS, ToolFormat
 from middleware.admission.admission import Admission
@@ -58,7 +60,9 @@ class ServerState:
     # Requests with a grammar, by kind (app/response_format.py counts them, app/ops/metrics.py reads).
     constrained_requests: Counter[str] = field(default_factory=Counter)
     # The Responses API's stored responses, per API key; create_app sizes it from the settings.
-    responses: ResponseStore = field(default_factory=lambda: ResponseStore(StoreLimits()))
+    responses: ResponseStorage = field(default_factory=lambda: ResponseStorage(ResponseStore(StoreLimits())))
+    # The Responses API's `background: true` runs going on in this process.
+    background: BackgroundRuns = field(default_factory=BackgroundRuns)
     # How the model writes tool calls (app/tools/formats.py); set with the engine.
     tool_format: ToolFormat = field(default_factory=lambda: FORMATS["hermes"])
     # The chat template is a reasoning model's (app/reasoning.py); set with the engine.

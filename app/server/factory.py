@@ -24,7 +24,9 @@ from app.ops.diagnostics import engine_process_init, install_tracemalloc
 from app.ops.metrics import install_metrics
 from app.reasoning import template_reasons
 from app.runtime.connections import Connections
+from app.runtime.response_storage import ResponseStorage
 from app.runtime.response_store import ResponseStore, StoreLimits
+from app.runtime.response_store_redis import RedisResponseStore
 from app.runtime.state import ServerState
 from app.server.door import install_door_layers
 from app.server.errors import install_error_handlers
@@ -57,19 +59,17 @@ def create_app(
         auth_failures=AuthFailures(settings.auth_failures_per_minute),
         connections=Connections(settings.max_connections, settings.max_connections_per_address),
     )
-    state.responses = ResponseStore(
-        StoreLimits(
-            settings.responses_store_max_entries,
-            settings.responses_store_max_bytes,
-            settings.responses_store_ttl_seconds,
-        )
-    )
     state.keys = KeyRing(KeySet.from_file(settings.api_key, settings.keys, settings.rate_limits))
     state.redis = _redis(settings, settings.redis_url)
     state.redis_cache = state.redis
     if settings.redis_cache_url and settings.redis_cache_url != settings.redis_url:
         state.redis_cache = _redis(settings, settings.redis_cache_url)
     backends = state.redis_backends
+    limits = StoreLimits(
+        settings.responses_store_max_entries, settings.responses_store_max_bytes, settings.responses_store_ttl_seconds
+    )
+    shared = RedisResponseStore(state.redis_cache, limits) if state.redis_cache is not None else None
+    state.responses = ResponseStorage(ResponseStore(limits), shared)
     state.dedup = DedupCache(ttl=settings.dedup_ttl_seconds, redis=state.redis_cache, scope=settings.dedup_scope)
 
     async def load() -> None:
@@ -119,6 +119,7 @@ def create_app(
         finally:
             state.is_shutting_down = True
             loader.cancel()
+            await state.background.aclose()  # each run records that it failed, while Redis is open
             await state.dedup.aclose()
             if state.engine is not None:
                 await asyncio.to_thread(state.engine.stop)

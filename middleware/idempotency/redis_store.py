@@ -45,7 +45,7 @@ from middleware.idempotency.store import (
     TenantQuota,
     check_durations,
 )
-from middleware.redis import RedisBackend, RedisUnavailable
+from middleware.redis import LUA_FORGET_MEMBER, RedisBackend, RedisUnavailable
 
 KEY_PREFIX = "surge:idempotency:"
 TENANT_PREFIX = "surge:idempotency-tenant:"
@@ -53,15 +53,9 @@ TENANT_BYTES_PREFIX = "surge:idempotency-tenant-bytes:"
 
 # The tenant's bookkeeping, shared by the scripts that write or drop a key. KEYS[2] the tenant's
 # set, KEYS[3] its bytes; `prefix` turns a member back into its key.
-_TENANT = """
-local function forget(member)
-  local size = tonumber(redis.call('HGET', KEYS[3], member) or '0')
-  redis.call('ZREM', KEYS[2], member)
-  if size > 0 then
-    redis.call('HDEL', KEYS[3], member)
-    redis.call('HINCRBY', KEYS[3], '#total', -size)
-  end
-end
+_TENANT = (
+    LUA_FORGET_MEMBER
+    + """
 local function track(member, size, max_entries, max_bytes, ttl_ms, prefix)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -83,6 +77,7 @@ local function track(member, size, max_entries, max_bytes, ttl_ms, prefix)
   redis.call('PEXPIRE', KEYS[3], ttl_ms)
 end
 """
+)
 
 # KEYS[1] key, KEYS[2..3] its tenant's; ARGV fingerprint, owner, lease ms, member, max entries,
 # max bytes, ttl ms, prefix. -> {"acquired"} | {"running"} | {"mismatch"} | {"done", status, headers, body}

@@ -19,7 +19,8 @@ removed from the keys file leaves nothing behind once its requests end.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import copy
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -69,13 +70,20 @@ class KeyLease:
         self._in_flight[self._key] = num_others + num_sequences
         self.num_held = num_sequences
 
+    def outlive_response(self) -> Callable[[], None]:
+        """For work that goes on after its response has ended (the Responses API's background
+        runs): its places stay held until the returned function is called, not the response's end."""
+        handed = copy.copy(self)  # the same count of the same key
+        self.num_held = 0  # the response's own release frees nothing now
+        return handed.release
+
     def release(self) -> None:
-        left = self._in_flight[self._key] - self.num_held
+        left = self._in_flight.get(self._key, 0) - self.num_held  # a handed-over run may have ended first
         self.num_held = 0
-        if left:
+        if left > 0:
             self._in_flight[self._key] = left
         else:
-            del self._in_flight[self._key]
+            self._in_flight.pop(self._key, None)
 
 
 def _limited(message: str, retry: bool) -> OpenAIError:

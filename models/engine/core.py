@@ -271,17 +271,21 @@ class EngineCore:
                 reason, error = request.follow_grammar(token_id)
                 if reason is not None:
                     self.scheduler.finish(seq, reason)
+            stop_reason: str | int | None = None
             if stopped:
                 self.scheduler.finish(seq, FinishReason.STOP)  # a no-op if it stopped on its token too
                 reason = FinishReason.STOP
+                stop_reason = request.detokenizer.matched_stop
             elif reason is not None:
                 text += request.detokenizer.flush()
+                if reason is FinishReason.STOP and self.scheduler.stopped_on_stop_token(seq, token_id):
+                    stop_reason = token_id
             if reason is not None:
                 self._finished(seq, reason)
-            lps = [logprob] if logprob is not None else []
-            counts, cached = (seq.num_prompt_tokens, seq.num_output_tokens), seq.num_cached_tokens
             queued = seq.queue_time if is_first else None  # the server's load figures take it from here
-            outputs.append(RequestOutput(seq.request_id, text, [token_id], *counts, lps, reason, error, cached, queued))
+            lps = [logprob] if logprob is not None else []
+            counts = (seq.num_prompt_tokens, seq.num_output_tokens, lps, reason, error, seq.num_cached_tokens, queued)
+            outputs.append(RequestOutput(seq.request_id, text, [token_id], *counts, stop_reason))
         if gaps:
             observer.on_token_gaps(gaps)
         return outputs

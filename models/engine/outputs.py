@@ -29,6 +29,9 @@ class RequestOutput:
     # On a sequence's first token only: seconds it waited in the engine's queue (the server's load
     # figures take one per request from it: models/load/requests.py).
     queue_time: float | None = None
+    # What ended the sequence when it was not the model's end token (vLLM's `stop_reason`): the stop
+    # string that matched, or a stop token id from `stop_token_ids`; None otherwise.
+    stop_reason: str | int | None = None
 
     @property
     def finished(self) -> bool:

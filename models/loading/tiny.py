@@ -37,7 +37,7 @@ from transformers import (
 from models.loading.tiny_corpus import build_corpus
 
 # Bump whenever the recipe (corpus, tokenizer, dims, seed, template) changes, so cached builds are redone.
-BUILD_VERSION = 3
+BUILD_VERSION = 4
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -52,7 +52,12 @@ TAG_TOKENS = (TOOL_CALL, TOOL_CALL_END, THINK, THINK_END)
 
 VOCAB_SIZE = 8192
 TOOL_CALL_ID, TOOL_CALL_END_ID, THINK_ID, THINK_END_ID = range(VOCAB_SIZE - len(TAG_TOKENS), VOCAB_SIZE)
-MAX_POSITION_EMBEDDINGS = 2048
+# Long enough for an agent's turn (the Codex CLI's first request is ~18,600 tokens: its
+# instructions and tool schemas), so `make run` serves such clients; RoPE positions cost nothing
+# to raise, and the CPU's K/V is committed per token written, not per position allowed.
+MAX_POSITION_EMBEDDINGS = 32768
+# GPT-2 learns a vector per position (32768 of them would outweigh the m model's 8.4M parameters).
+GPT2_MAX_POSITIONS = 2048
 WEIGHT_SEED = 0
 
 ARCHS = ("llama", "qwen2", "mistral", "gpt2")
@@ -192,7 +197,7 @@ def build_config(
     if arch == "gpt2":
         return GPT2Config(
             vocab_size=VOCAB_SIZE,
-            n_positions=MAX_POSITION_EMBEDDINGS,
+            n_positions=GPT2_MAX_POSITIONS,
             n_embd=dims.hidden_size,
             n_layer=dims.num_hidden_layers,
             n_head=dims.num_attention_heads,

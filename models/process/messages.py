@@ -104,7 +104,9 @@ EngineEvent = StepEvent | AdmittedEvent | FirstTokenEvent | TokenGapsEvent | Fin
 
 # (request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, finish_reason, error,
 #  num_cached_tokens, queue_time)
-WireOutput = tuple[str, str, list[int], int, int, list[Any], str | None, str | None, int, float | None]
+WireOutput = tuple[
+    str, str, list[int], int, int, list[Any], str | None, str | None, int, float | None, str | int | None
+]
 
 
 class Loaded(NamedTuple):
@@ -153,12 +155,13 @@ def output_to_wire(o: RequestOutput) -> WireOutput:
         o.error,
         o.num_cached_tokens,
         o.queue_time,
+        o.stop_reason,
     )
 
 
 def output_from_wire(w: WireOutput) -> RequestOutput:
-    request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, reason, error, cached, queued = w
+    request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, reason, error, cached, queued, stop = w
     finish = FinishReason(reason) if reason is not None else None
     return RequestOutput(
-        request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, finish, error, cached, queued
+        request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, finish, error, cached, queued, stop
     )

@@ -51,6 +51,11 @@ class IncrementalDetokenizer:
             self._prefix_offset = 0
         return self._append(added)
 
+    @property
+    def matched_stop(self) -> str | None:
+        """The stop string that ended the text (None until one has)."""
+        return self._stops.matched if self._stops is not None else None
+
     def flush(self) -> str:
         """Release the text held back for a possible stop string (the sequence has ended)."""
         rest = self.text[self._num_emitted :]

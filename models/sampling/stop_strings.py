@@ -32,6 +32,7 @@ class StopStrings:
         self._stops = tuple(stops)
         self._failures = [_failure(stop) for stop in self._stops]
         self._states = [0] * len(self._stops)
+        self.matched: str | None = None  # the stop string that ended the text, once one has
 
     def feed(self, added: str, offset: int) -> int | None:
         """Feed `added`, which starts at index `offset` of the whole text; the index where the
@@ -46,7 +47,8 @@ class StopStrings:
                     state += 1
                 if state == length:
                     start = offset + i - length + 1
-                    earliest = start if earliest is None else min(earliest, start)
+                    if earliest is None or start < earliest:
+                        earliest, self.matched = start, stop
                     break  # this stop's first occurrence; later ones start later
             self._states[k] = state
         return earliest

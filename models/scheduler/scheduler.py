@@ -197,6 +197,12 @@ class Scheduler:
             reasons.append(reason)
         return reasons
 
+    def stopped_on_stop_token(self, seq: Sequence, token_id: int) -> bool:
+        """Whether `token_id` ended `seq` as one of its `stop_token_ids` (not as an end token)."""
+        params = seq.params
+        is_eos = not params.ignore_eos and token_id in self.eos_token_ids
+        return not is_eos and token_id in params.stop_token_ids
+
     def _append_token(self, seq: Sequence, token_id: int) -> FinishReason | None:
         """Record a sampled token; return why the sequence must stop, if it must."""
         seq.output_token_ids.append(token_id)

@@ -28,7 +28,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,14 @@ from scripts.benchkit.load import (
     run_load,
     stream_chat,
 )
+from scripts.benchkit.prefix_responses import chains
 from scripts.benchkit.rawhttp import RawHttpClient
+from scripts.benchkit.turns import TurnResult
 from scripts.harness.stats import percentile
 
-WORKLOADS = ("shared-prefix", "multi-turn", "no-shared")
+WORKLOADS = ("shared-prefix", "multi-turn", "no-shared", "responses-chain")
 # Streams (shared-prefix, no-shared) or conversations (multi-turn) when --concurrency is not given.
-DEFAULT_CONCURRENCY = {"shared-prefix": 32, "multi-turn": 16, "no-shared": 32}
+DEFAULT_CONCURRENCY = {"shared-prefix": 32, "multi-turn": 16, "no-shared": 32, "responses-chain": 16}
 DEFAULT_PREFIX_TOKENS = 1000
 NUM_TURNS = 4
 USER_WORDS = 8  # a user turn: a tag and 8 words, about 35 tokens with the tiny tokenizer
@@ -77,8 +79,12 @@ class WorkloadSpec:
             raise ValueError("concurrency, requests_per_client, max_tokens and num_turns must be positive")
 
     @property
+    def is_conversation(self) -> bool:
+        return self.workload in ("multi-turn", "responses-chain")
+
+    @property
     def num_requests(self) -> int:
-        per_client = self.num_turns if self.workload == "multi-turn" else self.requests_per_client
+        per_client = self.num_turns if self.is_conversation else self.requests_per_client
         return self.concurrency * per_client
 
 
@@ -187,21 +193,6 @@ def conversations(system_prompt: str, count: int, num_turns: int, seed: int) -> 
 # ---------------------------------------------------------------- load
 
 
-@dataclass
-class TurnResult:
-    turn: int = 1  # 1-based; single-turn workloads: 1
-    error: str | None = None
-    ttft_s: float | None = None  # until the first chunk with non-empty content
-    e2e_s: float | None = None
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None  # None: the server did not report prompt_tokens_details
-    completion_tokens: int = 0
-    text: str = ""  # the reply: multi-turn's next assistant message (left out of the JSON)
-
-    def as_json(self) -> dict[str, Any]:
-        return {key: value for key, value in asdict(self).items() if key != "text"}
-
-
 async def stream_turn(client: RawHttpClient, body: dict[str, Any], headers: dict[str, str]) -> TurnResult:
     r = await stream_chat(client, PATH, body, headers)
     return TurnResult(1, r.error, r.ttft_s, r.e2e_s, r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.text)
@@ -235,9 +226,13 @@ async def run_workload(
     try:
         await client.open_connections(spec.concurrency)
         per_client = spec.requests_per_client
-        if spec.workload == "multi-turn":
+        if spec.is_conversation:
             talks = conversations(spec.system_prompt, spec.concurrency, spec.num_turns, spec.seed)
-            work = [converse(i, c) for i, c in enumerate(talks)]
+            if spec.workload == "responses-chain":  # the same conversations, the server keeping them
+                texts = [(c.system["content"], [u["content"] for u in c.user_turns]) for c in talks]
+                work = chains(sut, client, texts, spec.max_tokens, spec.stagger_s, on_done)
+            else:
+                work = [converse(i, c) for i, c in enumerate(talks)]
         else:
             prompts = single_turn_messages(spec.workload, spec.system_prompt, spec.num_requests + 1, spec.seed)
             if spec.workload == "shared-prefix":

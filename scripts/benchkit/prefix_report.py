@@ -45,6 +45,7 @@ TARGETS = (
     Target("shared-prefix", "TTFT p50", "ttft_p50_s", 1000, at_most=0.3),
     Target("shared-prefix", "tokens/s", "tokens_per_s", 1, at_least=1.5),
     Target("multi-turn", "TTFT p50, turns 2+", "ttft_p50_later_s", 1000, at_most=0.3),
+    Target("responses-chain", "TTFT p50, turns 2+", "ttft_p50_later_s", 1000, at_most=0.3),
     Target("no-shared", "tokens/s", "tokens_per_s", 1, at_least=0.97),
     # The same on a fresh server's first pass (scripts/benchkit/prefix.py): with the pool's one-time fill.
     Target("no-shared", "tokens/s, first pass", "first_pass_tokens_per_s", 1, at_least=0.97),

@@ -138,9 +138,9 @@ def note(model_name: str, specs: list[WorkloadSpec], args: argparse.Namespace) -
     return (
         f"Model `{model_name}`; a {args.prefix_tokens}-token system prompt (by its tokenizer); {args.max_tokens} new "
         f"tokens per request, greedy, ignore_eos where the server takes it; streams (conversations for "
-        f"multi-turn): {streams}; {args.requests_per_client} request(s) per stream, {NUM_TURNS} turns per "
-        f"conversation, closed loop, stream i starting {specs[0].stagger_s * 1000:.0f} ms x i late; both surge "
-        "with the traffic stack off. "
+        f"multi-turn and responses-chain): {streams}; {args.requests_per_client} request(s) per stream, "
+        f"{NUM_TURNS} turns per conversation, closed loop, stream i starting {specs[0].stagger_s * 1000:.0f} ms "
+        "x i late; both surge with the traffic stack off. "
         f"Torch threads {args.threads} ({args.prefill_threads} for burst prefills). "
         + (
             f"Side by side: each workload's systems started once and kept up, {args.rounds} timed pass(es) each "

@@ -103,6 +103,23 @@ def test_a_tool_result_goes_back_and_the_model_answers(client: anthropic.Anthrop
     assert reply.usage.input_tokens > 0 and reply.content
 
 
+def test_a_stop_sequence_that_ends_the_reply_is_named(client: anthropic.Anthropic) -> None:
+    # This SDK has no `temperature` argument any more; the API still takes it.
+    greedy: Any = {"model": MODEL_NAME, "max_tokens": 24, "messages": USER, "extra_body": {"temperature": 0.0}}
+    whole = "".join(block.text for block in client.messages.create(**greedy).content if block.type == "text")
+    assert len(whole) > 8
+    stop = whole[4:7]
+    cut = whole[: whole.index(stop)]
+    reply = client.messages.create(**greedy, stop_sequences=["never-written-zzz", stop])
+    assert (reply.stop_reason, reply.stop_sequence) == ("stop_sequence", stop)
+    assert "".join(block.text for block in reply.content if block.type == "text") == cut
+    with client.messages.stream(**greedy, stop_sequences=[stop]) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", stop)
+    ended = client.messages.create(**{**greedy, "max_tokens": 2})
+    assert (ended.stop_reason, ended.stop_sequence) == ("max_tokens", None)
+
+
 def test_count_tokens_is_the_prompt_as_a_message_would_render_it(client: anthropic.Anthropic) -> None:
     counted = client.messages.count_tokens(model=MODEL_NAME, messages=USER, tools=[WEATHER])
     reply = client.messages.create(model=MODEL_NAME, max_tokens=1, messages=USER, tools=[WEATHER])

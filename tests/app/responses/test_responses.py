@@ -187,8 +187,8 @@ def test_a_probe_with_empty_input_and_one_token_is_answered(server: LiveServer) 
             "input[0].content[0]",
         ),
         ({"input": "hi", "previous_response_id": "resp_unknown"}, 404, "previous_response_id"),
-        ({"input": "hi", "background": True}, 400, "background"),
-        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, 400, "input[0]"),
+        ({"input": "hi", "background": True, "store": False}, 400, "background"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, 400, "input[0].id"),
         ({"input": "hi", "tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, 400, "tool_choice"),
         (
             {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}},

@@ -102,7 +102,7 @@ def test_a_key_past_its_bound_loses_its_own_oldest_never_anothers(server: LiveSe
     ids = [a.responses.create(model=MODEL_NAME, input=f"a {i}", max_output_tokens=2).id for i in range(MAX_ENTRIES + 2)]
     assert [get(server, f"/{i}", KEY_A).status_code for i in ids] == [404, 404] + [200] * MAX_ENTRIES
     assert get(server, f"/{kept_b.id}", KEY_B).status_code == 200
-    assert server.state.responses.usage(f"key:{KEY_A}")[0] == MAX_ENTRIES
+    assert server.state.responses.memory.usage(f"key:{KEY_A}")[0] == MAX_ENTRIES
 
 
 def test_a_streamed_response_is_stored_as_its_last_event_says(server: LiveServer) -> None:

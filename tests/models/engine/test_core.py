@@ -178,6 +178,19 @@ async def test_stop_string_ends_the_sequence_and_is_not_emitted(make_engine: Eng
     text = "".join(o.text for o in outputs)
     assert text == full[: full.index(stop)]
     assert outputs[-1].finish_reason is FinishReason.STOP
+    assert outputs[-1].stop_reason == stop  # named, as vLLM's stop_reason: the one that matched
+    assert all(o.stop_reason is None for o in outputs[:-1])
+
+
+async def test_a_stop_token_is_named_and_a_length_finish_names_nothing(make_engine: EngineFactory) -> None:
+    engine = await make_engine()
+    p = prompt(6, 11)
+    ids = [t for o in (await run(engine.submit([(p, greedy(12))])))[0] for t in o.token_ids]
+    outputs = (await run(engine.submit([(p, greedy(12, stop_token_ids=(ids[5],)))])))[0]
+    assert outputs[-1].finish_reason is FinishReason.STOP and outputs[-1].stop_reason == ids[5]
+    assert len(tokens(outputs)) == ids.index(ids[5]) + 1
+    cut = (await run(engine.submit([(p, greedy(3))])))[0]
+    assert cut[-1].finish_reason is FinishReason.LENGTH and cut[-1].stop_reason is None
 
 
 async def test_forward_failure_fails_the_batch_and_the_loop_lives_on(

@@ -102,7 +102,7 @@ async def test_stop_strings_and_n_choices_cross_the_pipe(observed: tuple[AsyncEn
     assert stop.strip()
     first, second = await run(engine.submit([(p, greedy(30, stop=[stop])), (p, greedy(4))]))
     assert "".join(out.text for out in first) == full[: full.index(stop)]
-    assert first[-1].finish_reason is FinishReason.STOP
+    assert first[-1].finish_reason is FinishReason.STOP and first[-1].stop_reason == stop
     assert second[-1].finish_reason is FinishReason.LENGTH and sum(len(o.token_ids) for o in second) == 4
 
 

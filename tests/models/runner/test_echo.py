@@ -10,6 +10,7 @@ import torch
 
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
 from models.engine.outputs import RequestOutput
+from models.loading import tiny
 from models.process.async_engine import AsyncEngine
 from models.runner.echo import ECHO_TEXT, EchoRunner
 from models.sampling.params import SamplingParams
@@ -39,7 +40,7 @@ async def collect(engine: AsyncEngine, prompt: list[int], params: SamplingParams
 async def test_echo_loads_no_weights(engine: AsyncEngine) -> None:
     assert isinstance(engine.core.runner, EchoRunner)
     assert engine.is_ready
-    assert engine.config.scheduler.max_model_len == 2048  # the tiny model's context, no weights read
+    assert engine.config.scheduler.max_model_len == tiny.MAX_POSITION_EMBEDDINGS  # the tiny model's, no weights read
 
 
 async def test_concurrent_requests_each_get_exactly_max_tokens(engine: AsyncEngine) -> None:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         json_schema_grammar as json_schema_grammar,
     )
     from models.grammar.json_schema import SchemaTooComplex as SchemaTooComplex, check_bounds as check_bounds
+    from models.kv.events import BlockRemoved as BlockRemoved, BlockStored as BlockStored, KvEvent as KvEvent
     from models.kv.prefix_cache import PrefixCacheStats as PrefixCacheStats
     from models.load.stats import LoadSnapshot as LoadSnapshot
     from models.loading.hub import is_repo_id as is_repo_id
@@ -74,6 +75,9 @@ FACE: dict[str, str] = {
     "SchemaTooComplex": "models.grammar.json_schema",
     "check_bounds": "models.grammar.json_schema",
     "PrefixCacheStats": "models.kv.prefix_cache",
+    "BlockStored": "models.kv.events",
+    "BlockRemoved": "models.kv.events",
+    "KvEvent": "models.kv.events",
     "LoadSnapshot": "models.load.stats",
     "is_repo_id": "models.loading.hub",
     "build_tiny": "models.loading.tiny",

@@ -37,6 +37,9 @@ class SchedulerConfig:
     # block where they part.
     prefix_caching: bool = True
     prefix_cache_block_size: int = 16
+    # Tell the engine's observer every block the prefix cache stores and evicts (vLLM's KV events,
+    # models/kv/events.py), for a server that publishes them to routers. Off: not even counted.
+    kv_events: bool = False
     # The pool's bound: bytes, or (when 0) this share of the slot cache's full size
     # (max_num_seqs x max_model_len tokens). The pool grows as blocks are kept, up to the bound.
     prefix_cache_bytes: int = 0

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from app.generation.validation import OneChoice
-from app.openai.base import RequestModel
+from app.openai.base import CacheSalted, RequestModel
 from app.openai.limits import MAX_CONTENT_PARTS, MAX_INT, MAX_MESSAGES, MAX_STOP_LENGTH, MAX_TOOLS
 from middleware.admission.priority import MAX_PRIORITY
 from models import MAX_STOP_STRINGS, SamplingParams
@@ -38,7 +38,7 @@ class MessageParam(RequestModel):
     content: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_CONTENT_PARTS)]
 
 
-class MessagesRequest(OneChoice, RequestModel):
+class MessagesRequest(OneChoice, CacheSalted, RequestModel):
     model: str
     max_tokens: int = Field(ge=1, le=MAX_INT)
     messages: list[MessageParam] = Field(max_length=MAX_MESSAGES)
@@ -66,6 +66,7 @@ class MessagesRequest(OneChoice, RequestModel):
             top_k=self.top_k or 0,
             stop=tuple(stop for stop in self.stop_sequences or () if stop),
             ignore_eos=self.ignore_eos,
+            cache_salt=self.cache_salt or "",
         )
 
 

@@ -13,6 +13,7 @@ from app.chat.render import chat_finish_reason, tool_calls_json
 from app.chat.request import ChatCompletionRequest
 from app.generation.collect import ChoiceResult, collect, unless_disconnected
 from app.generation.pipeline import start_generation
+from app.generation.rendered import generate_request
 from app.generation.streaming import stream_response
 from app.generation.validation import (
     check_model,
@@ -25,13 +26,38 @@ from app.openai import Usage, cached_tokens, new_chat_completion_id
 from app.openai.render import chat_logprobs_json
 from app.reasoning import prompt_opens_reasoning, split_reasoning
 from app.runtime.body import documented_body, json_body
-from app.runtime.state import generation_inputs
+from app.runtime.state import generation_inputs, render_inputs
 from app.tools.choice import ToolPlan, plan_and_constrain
 from middleware.errors import invalid_request
 from models import AsyncEngine
 
 router = APIRouter()
 _parse_body = json_body(ChatCompletionRequest)
+
+
+def chat_prompt(engine: AsyncEngine, body: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
+    """The request's prompt as the model's template renders it, checked to fit the context first."""
+    check_text_fits(engine, [message.text for message in body.messages], "messages")
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
+    try:
+        messages, kwargs = body.template_messages(), body.chat_template_kwargs
+        return engine.tokenizer.encode_chat(messages, tools, kwargs, add_generation_prompt=add_generation_prompt)
+    except Exception as exc:  # a template that rejects the conversation (e.g. role order)
+        message = f"The chat template could not render these messages: {exc}"
+        raise invalid_request(message, param="messages") from exc
+
+
+@router.post("/v1/chat/completions/render", response_model=None, openapi_extra=documented_body(ChatCompletionRequest))
+async def render_chat_completion(request: Request) -> Response:
+    """vLLM's render endpoint: the prompt's token ids and sampling parameters, nothing generated
+    (what a router tokenizes with to route by prefix: docs/fleet.md)."""
+    body, state, engine = await render_inputs(request, _parse_body)
+    check_model(state.settings, body.model)
+    check_template_variables(engine, body.chat_template_kwargs)
+    prompt = await tokenize_sized(len(await request.body()), lambda: chat_prompt(engine, body))
+    choices = sampling_params(engine, state.settings, body, [len(prompt)], body.requested_max_tokens, "messages")
+    rendered = generate_request(new_chat_completion_id(), prompt, choices, body.model, body.stream, body.priority)
+    return JSONResponse(rendered)
 
 
 @router.post(
@@ -44,16 +70,7 @@ async def create_chat_completion(request: Request) -> Response:
     check_model(state.settings, body.model)
     check_template_variables(engine, body.chat_template_kwargs)
 
-    def encode() -> list[int]:
-        check_text_fits(engine, [message.text for message in body.messages], "messages")
-        tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
-        try:
-            return engine.tokenizer.encode_chat(body.template_messages(), tools, body.chat_template_kwargs)
-        except Exception as exc:  # a template that rejects the conversation (e.g. role order)
-            message = f"The chat template could not render these messages: {exc}"
-            raise invalid_request(message, param="messages") from exc
-
-    prompt = await tokenize_sized(len(await request.body()), encode)
+    prompt = await tokenize_sized(len(await request.body()), lambda: chat_prompt(engine, body))
     choice_params = sampling_params(engine, state.settings, body, [len(prompt)], body.requested_max_tokens, "messages")
     constraints = state.constraints(request, engine.grammars)
     special_id = engine.tokenizer.special_token_id

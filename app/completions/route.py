@@ -11,18 +11,50 @@ from app.completions.chunks import CompletionChunkEncoder, CompletionChunks
 from app.completions.request import CompletionRequest
 from app.generation.collect import ChoiceResult, collect, unless_disconnected
 from app.generation.pipeline import start_generation
+from app.generation.rendered import generate_request
 from app.generation.streaming import stream_response
 from app.generation.validation import check_model, check_text_fits, sampling_params, tokenize_sized
 from app.openai import Usage, cached_tokens, new_completion_id
 from app.openai.render import completion_logprobs_json, finish_reason_text
 from app.response_format import constrain
 from app.runtime.body import documented_body, json_body
-from app.runtime.state import generation_inputs
+from app.runtime.state import generation_inputs, render_inputs
 from middleware.errors import invalid_request
-from models import Tokenizer
+from models import AsyncEngine, Tokenizer
 
 router = APIRouter()
 _parse_body = json_body(CompletionRequest)
+
+
+def completion_prompts(engine: AsyncEngine, body: CompletionRequest) -> list[list[int]]:
+    """Each prompt's token ids (a string tokenized, ids as they are), each checked on its own."""
+    vocab_size = engine.tokenizer.vocab_size
+    inputs = body.prompt_inputs()
+    prompts = []
+    for index, item in enumerate(inputs):
+        if isinstance(item, str):
+            check_text_fits(engine, [item], "prompt")  # each prompt is a sequence of its own
+        ids = engine.tokenizer.encode(item) if isinstance(item, str) else list(item)
+        if not ids:  # every prompt, not only the longest: the engine cannot start a sequence from nothing
+            which = "The prompt" if len(inputs) == 1 else f"Prompt {index}"
+            raise invalid_request(f"{which} is empty.", "prompt")
+        if any(token_id >= vocab_size for token_id in ids):
+            raise invalid_request(f"The prompt has a token id outside the vocabulary (size {vocab_size}).", "prompt")
+        prompts.append(ids)
+    return prompts
+
+
+@router.post("/v1/completions/render", response_model=None, openapi_extra=documented_body(CompletionRequest))
+async def render_completion(request: Request) -> Response:
+    """vLLM's render endpoint: per prompt, its token ids and sampling parameters, nothing generated."""
+    body, state, engine = await render_inputs(request, _parse_body)
+    check_model(state.settings, body.model)
+    prompts = await tokenize_sized(len(await request.body()), lambda: completion_prompts(engine, body))
+    rendered = []
+    for ids in prompts:
+        choices = sampling_params(engine, state.settings, body, [len(ids)], body.requested_max_tokens, "prompt")
+        rendered.append(generate_request(new_completion_id(), ids, choices, body.model, body.stream, body.priority))
+    return JSONResponse(rendered)
 
 
 @router.post(
@@ -33,26 +65,7 @@ _parse_body = json_body(CompletionRequest)
 async def create_completion(request: Request) -> Response:
     body, state, engine = await generation_inputs(request, _parse_body)
     check_model(state.settings, body.model)
-    vocab_size = engine.tokenizer.vocab_size
-    inputs = body.prompt_inputs()
-
-    def encode() -> list[list[int]]:
-        prompts = []
-        for index, item in enumerate(inputs):
-            if isinstance(item, str):
-                check_text_fits(engine, [item], "prompt")  # each prompt is a sequence of its own
-            ids = engine.tokenizer.encode(item) if isinstance(item, str) else list(item)
-            if not ids:  # every prompt, not only the longest: the engine cannot start a sequence from nothing
-                which = "The prompt" if len(inputs) == 1 else f"Prompt {index}"
-                raise invalid_request(f"{which} is empty.", "prompt")
-            if any(token_id >= vocab_size for token_id in ids):
-                raise invalid_request(
-                    f"The prompt has a token id outside the vocabulary (size {vocab_size}).", "prompt"
-                )
-            prompts.append(ids)
-        return prompts
-
-    prompts = await tokenize_sized(len(await request.body()), encode)
+    prompts = await tokenize_sized(len(await request.body()), lambda: completion_prompts(engine, body))
     prompt_lens = [len(ids) for ids in prompts]
     choice_params = sampling_params(engine, state.settings, body, prompt_lens, body.requested_max_tokens, "prompt")
     choice_params = await constrain(state.constraints(request, engine.grammars), body.response_format, choice_params)

@@ -81,6 +81,20 @@ OPTIONS: tuple[Option, ...] = (
         choices=("on", "off"),
     ),
     Option(
+        "kv_events_endpoint",
+        str,
+        "publish the prefix cache's block events (vLLM's KV events, for prefix-aware routers) on a ZeroMQ PUB"
+        " socket: `tcp://*:5557` binds, `tcp://host:5557` connects; empty = off",
+    ),
+    Option("kv_events_topic", str, "the ZeroMQ topic of every KV event message (vLLM's default: empty)"),
+    Option(
+        "kv_events_format",
+        str,
+        "msgpack form of the KV events: `map` (vLLM's current), `array` (vLLM's through 0.10, llm-d's"
+        " indexer) or `array-map` (a positional batch of events by name: what vllm-router 0.1.17 reads)",
+        choices=("map", "array", "array-map"),
+    ),
+    Option(
         "prefix_cache_size",
         str,
         "the prefix cache's bound: bytes (`512MiB`, `2GB`) or a share of the KV slots' full size (`50%`)",

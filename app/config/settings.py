@@ -47,6 +47,9 @@ class Settings:
     max_prompt_chunk_while_decoding: int = _SCHEDULER.max_prompt_chunk_while_decoding
     max_model_len: int = _SCHEDULER.max_model_len
     prefix_caching: str = "on" if _SCHEDULER.prefix_caching else "off"
+    kv_events_endpoint: str = ""
+    kv_events_topic: str = ""
+    kv_events_format: str = "map"
     prefix_cache_size: str = f"{_SCHEDULER.prefix_cache_share:.0%}"
     kv_cache_memory: str = f"{_SCHEDULER.kv_cache_share:.0%}"
     served_model_name: str = ""
@@ -190,6 +193,13 @@ class Settings:
             raise ValueError("json_schema_objects must be closed or open")
         if self.prefix_caching not in ("on", "off"):
             raise ValueError("prefix_caching must be on or off")
+        if self.kv_events_endpoint:
+            if not self.kv_events_endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+                raise ValueError("kv_events_endpoint must be a ZeroMQ address: tcp://..., ipc://... or inproc://...")
+            if self.kv_events_format not in ("map", "array", "array-map"):
+                raise ValueError("kv_events_format must be map, array or array-map")
+            if self.prefix_caching == "off":
+                raise ValueError("kv_events_endpoint publishes the prefix cache's events: it needs prefix_caching on")
         cache_bytes, cache_share = parse_size(self.prefix_cache_size)
         kv_bytes, kv_share = parse_size(self.kv_cache_memory)
         engine = EngineConfig(
@@ -210,6 +220,7 @@ class Settings:
                 self.max_queue_seconds,
                 max_prompt_chunk_while_decoding=self.max_prompt_chunk_while_decoding,
                 prefix_caching=self.prefix_caching == "on",
+                kv_events=bool(self.kv_events_endpoint),
                 prefix_cache_bytes=cache_bytes,
                 prefix_cache_share=cache_share,
                 kv_cache_bytes=kv_bytes,

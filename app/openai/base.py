@@ -1,10 +1,14 @@
-"""The base of every request body model: unknown fields ignored, null means the default."""
+"""The base of every request body model: unknown fields ignored, null means the default; and the
+fields every generation request has whatever its protocol."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# vLLM's bound is none; a salt is a secret of ~43 characters (256 bits in base64), not a document.
+MAX_CACHE_SALT = 256
 
 
 class RequestModel(BaseModel):
@@ -18,3 +22,12 @@ class RequestModel(BaseModel):
         if isinstance(data, dict):
             return {key: value for key, value in data.items() if value is not None}
         return data
+
+
+class CacheSalted(BaseModel):
+    """vLLM's `cache_salt`: the request reuses only prefixes cached under the same salt (within its
+    API key's own, which a salt never widens). A gateway sets one per tenant where the server sees
+    no API keys (docs/fleet.md); random, secret and long, it keeps one tenant from timing its way to
+    another's prompts."""
+
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT)

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from app.openai.base import RequestModel
+from app.openai.base import CacheSalted, RequestModel
 from app.openai.limits import (
     MAX_CHOICES,
     MAX_INT,
@@ -77,7 +77,7 @@ class ResponseFormat(RequestModel):
         return self
 
 
-class SamplingRequest(RequestModel):
+class SamplingRequest(CacheSalted, RequestModel):
     """Fields shared by chat and legacy completions, in the order validators rely on."""
 
     model: str
@@ -147,4 +147,5 @@ class SamplingRequest(RequestModel):
             stop=self.stop_strings,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
+            cache_salt=self.cache_salt or "",
         )

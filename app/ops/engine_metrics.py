@@ -8,9 +8,13 @@ change them only with k8s/.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from collections.abc import Callable
 
-from models import FinishReason
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.registry import Collector
+
+from app.ops.vllm_names import VllmNamed
+from models import FinishReason, KvEvent
 
 # From a small model's CPU decode step (a few ms) to a long generation on a busy GPU (a minute).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
@@ -23,11 +27,21 @@ GRAMMAR_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 
 
 class EngineMetrics:
-    """The engine's observer: histograms and counters updated from the engine thread."""
+    """The engine's observer: histograms and counters updated from the engine thread. They reach
+    `registry` through `VllmNamed`, which adds vLLM's names for those that have one."""
 
     def __init__(self, registry: CollectorRegistry, model: str) -> None:
+        families: list[Collector] = []
+
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, ["model"], registry=registry, buckets=buckets).labels(model)
+            family = Histogram(name, doc, ["model"], registry=None, buckets=buckets)
+            families.append(family)
+            return family.labels(model)
+
+        def counter(name: str, doc: str, labels: list[str]) -> Counter:
+            family = Counter(name, doc, labels, registry=None)
+            families.append(family)
+            return family
 
         self.ttft = histogram(
             "surge_time_to_first_token_seconds", "Seconds from reaching the engine to the first token.", LATENCY_BUCKETS
@@ -46,18 +60,13 @@ class EngineMetrics:
         self.batch_size = histogram(
             "surge_batch_size", "Sequences in one engine step (decodes and prefill chunks).", BATCH_BUCKETS
         )
-        self.prompt_tokens = Counter(
-            "surge_prompt_tokens", "Prompt tokens prefilled.", ["model"], registry=registry
-        ).labels(model)
-        self.generation_tokens = Counter(
-            "surge_generation_tokens", "Tokens generated.", ["model"], registry=registry
-        ).labels(model)
-        finished = Counter(
+        self.prompt_tokens = counter("surge_prompt_tokens", "Prompt tokens prefilled.", ["model"]).labels(model)
+        self.generation_tokens = counter("surge_generation_tokens", "Tokens generated.", ["model"]).labels(model)
+        finished = counter(
             "surge_requests_finished",
             "Sequences ended, by finish reason (stop, length, error, rejected: dropped after "
             "waiting too long); aborted ones are in surge_requests_aborted_total.",
             ["model", "finish_reason"],
-            registry=registry,
         )
         # Every reason exists from the start (at 0), so rate() works from the first scrape.
         self.finished: dict[FinishReason, Counter] = {
@@ -73,6 +82,9 @@ class EngineMetrics:
             "Seconds a grammar not seen before (a new schema) took to check and compile.",
             GRAMMAR_BUCKETS,
         )
+        registry.register(VllmNamed(families))
+        # Where the prefix cache's block events go (app/ops/kv_events.py), when they are published.
+        self.kv_events: Callable[[list[KvEvent]], None] | None = None
 
     def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
         self.batch_size.observe(num_seqs)
@@ -103,3 +115,7 @@ class EngineMetrics:
 
     def on_grammar_compiled(self, seconds: float) -> None:
         self.grammar_compile.observe(seconds)
+
+    def on_kv_events(self, events: list[KvEvent]) -> None:
+        if self.kv_events is not None:
+            self.kv_events(events)

@@ -30,6 +30,7 @@ from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentato
 from starlette.responses import Response
 
 from app.ops.engine_metrics import EngineMetrics
+from app.ops.vllm_names import cache_config_info, with_vllm_names
 from app.response_format import CONSTRAINED_KINDS
 from app.runtime.connections import Connections
 from app.runtime.state import ServerState
@@ -50,6 +51,17 @@ class ServerCollector(Collector):
         self._model = state.settings.model_name
 
     def collect(self) -> Iterator[Metric]:
+        """Every family, with vLLM's names for those the routers read (app/ops/vllm_names.py)."""
+        yield from with_vllm_names(self._collect())
+        engine = self._state.engine
+        if engine is not None:
+            scheduler = engine.config.scheduler
+            block = scheduler.prefix_cache_block_size
+            capacity = scheduler.max_kv_tokens or scheduler.max_num_seqs * scheduler.max_model_len
+            dtype = engine.config.model.dtype
+            yield cache_config_info(self._model, block, capacity // block, scheduler.prefix_caching, dtype)
+
+    def _collect(self) -> Iterator[Metric]:
         state, model = self._state, self._model
         engine = state.engine
         core = engine.core if engine is not None else None

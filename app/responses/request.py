@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from app.generation.validation import OneChoice
-from app.openai.base import RequestModel
+from app.openai.base import CacheSalted, RequestModel
 from app.openai.limits import MAX_INT, MAX_MESSAGES, MAX_TOOLS
 from middleware.admission.priority import MAX_PRIORITY
 from models import MAX_TOP_LOGPROBS, SamplingParams
@@ -47,7 +47,7 @@ class ReasoningConfig(RequestModel):
     generate_summary: str | None = None
 
 
-class ResponsesRequest(OneChoice, RequestModel):
+class ResponsesRequest(OneChoice, CacheSalted, RequestModel):
     model: str
     # The bound is the list's (a string input is bounded by the body and the context, as chat's).
     input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_MESSAGES)] = ""
@@ -89,4 +89,5 @@ class ResponsesRequest(OneChoice, RequestModel):
             top_p=1.0 if self.top_p is None or is_top_p_greedy else self.top_p,
             logprobs=logprobs,
             ignore_eos=self.ignore_eos,
+            cache_salt=self.cache_salt or "",
         )

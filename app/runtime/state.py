@@ -142,6 +142,14 @@ async def generation_inputs(
     NOTE: plain calls rather than FastAPI dependencies: solving four `Depends` per request was a
     fifth of the HTTP process's CPU per request (docs/engine.md, measurements)."""
     await refuse_when_queue_full(request)
+    return await render_inputs(request, parse_body)
+
+
+async def render_inputs(
+    request: Request, parse_body: Callable[[Request], Awaitable[B]]
+) -> tuple[B, ServerState, AsyncEngine]:
+    """As `generation_inputs`, for routes that only render or tokenize (nothing reaches the engine's
+    queue, so a full queue does not refuse them: a router tokenizes every request it routes)."""
     body = await parse_body(request)
     state: ServerState = request.app.state.surge
     return body, state, await get_engine(request)

@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from app.config.settings import Settings
 from app.generation.pipeline import build_pipeline
 from app.ops.diagnostics import engine_process_init, install_tracemalloc
+from app.ops.kv_events import KvEventPublisher
 from app.ops.metrics import install_metrics
 from app.reasoning import template_reasons
 from app.runtime.connections import Connections
@@ -107,6 +108,13 @@ def create_app(
         listener = MetricsListener(metrics_app(state, scrape), settings) if settings.metrics_port else None
         if listener is not None:
             await listener.start()
+        # Before the engine starts, so that no block it stores goes unpublished; an address that
+        # cannot be bound fails the start-up.
+        publisher = None
+        if settings.kv_events_endpoint:
+            endpoint, topic, form = settings.kv_events_endpoint, settings.kv_events_topic, settings.kv_events_format
+            publisher = KvEventPublisher(endpoint, topic, form)
+            engine_metrics.kv_events = publisher.publish
         watcher = None
         if settings.keys_file:
             watcher = KeysFileWatcher(
@@ -125,6 +133,8 @@ def create_app(
                 await asyncio.to_thread(state.engine.stop)
             for backend in backends:
                 await backend.close()
+            if publisher is not None:
+                await asyncio.to_thread(publisher.close)
             if listener is not None:
                 await listener.stop()
 

@@ -11,10 +11,12 @@ from app.chat import route as chat
 from app.completions import route as completions
 from app.responses import route as responses
 from app.server import system
+from app.tokens import route as tokens
 
 PROTOCOLS: tuple[APIRouter, ...] = (chat.router, completions.router, responses.router, anthropic.router)
 
 router = APIRouter()
 router.include_router(system.router)
+router.include_router(tokens.router)  # vLLM's /tokenize and /detokenize: no generation
 for protocol in PROTOCOLS:
     router.include_router(protocol)

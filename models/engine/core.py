@@ -171,7 +171,7 @@ class EngineCore:
         on_iteration = self._on_iteration
         try:
             self._warmup()
-            self.scheduler.prefix_cache = start_prefix_cache(self.config, self.runner)
+            self.scheduler.prefix_cache = start_prefix_cache(self.config, self.runner, self.observer.on_kv_events)
             # Everything alive now (torch, transformers, the weights' Python objects) lives as long
             # as the process: out of the collector's sight, a full collection no longer walks
             # millions of objects in the middle of a step.

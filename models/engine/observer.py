@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from models.kv.events import KvEvent
 from models.scheduler.sequence import FinishReason
 
 
@@ -35,6 +36,9 @@ class EngineObserver(Protocol):
     def on_grammar_compiled(self, seconds: float) -> None:
         """A grammar not seen before took `seconds` to compile (the server's check of it)."""
 
+    def on_kv_events(self, events: list[KvEvent]) -> None:
+        """The prefix cache stored, evicted or cleared blocks (only with `kv_events` on)."""
+
 
 class NullObserver:
     """An observer that keeps nothing: the engine's default, so it never asks whether one listens."""
@@ -58,6 +62,9 @@ class NullObserver:
         pass
 
     def on_grammar_compiled(self, seconds: float) -> None:
+        pass
+
+    def on_kv_events(self, events: list[KvEvent]) -> None:
         pass
 
 

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from models.config import SchedulerConfig
+from models.kv.events import KvEvent
 from models.kv.prefix_cache import PrefixCache
 from models.runner.protocol import Runner
 
 log = logging.getLogger("surge.engine")
 
 
-def start_prefix_cache(config: SchedulerConfig, runner: Runner) -> PrefixCache | None:
+def start_prefix_cache(
+    config: SchedulerConfig, runner: Runner, on_events: Callable[[list[KvEvent]], None]
+) -> PrefixCache | None:
     """The index, with the runner's pool set up to match; None when caching is off (the flag, a
     model without K/V such as echo, or a bound smaller than one block). Called once the slot
-    cache has its tensors, after warmup, so warmup's prompts are not kept."""
+    cache has its tensors, after warmup, so warmup's prompts are not kept. It tells `on_events`
+    what it stores and evicts when `config.kv_events` asks."""
     block = config.prefix_cache_block_size
     row_bytes = runner.kv_block_bytes(block) if config.prefix_caching else 0
     if not row_bytes:
@@ -28,4 +33,4 @@ def start_prefix_cache(config: SchedulerConfig, runner: Runner) -> PrefixCache |
         return None
     runner.kv_pool(block, rows)
     log.info("prefix caching on: up to %d blocks of %d tokens, %.1f MiB", rows, block, rows * row_bytes / 2**20)
-    return PrefixCache(rows, block, row_bytes)
+    return PrefixCache(rows, block, row_bytes, on_events if config.kv_events else None)

@@ -12,6 +12,10 @@ prompt another's K/V (vLLM hashes blocks and moved to SHA-256 for that reason). 
 is its scope: prompts of different scopes (API keys) never share a block, so one tenant's time
 to first token never tells it what another has sent.
 
+With `on_events`, every block stored, evicted or cleared is also told as vLLM's KV events
+(models/kv/events.py), as it happens, in order: a parent's store before its children's, their
+removal before its own.
+
 Eviction is least recently used, and a parent is always touched after its children (a chain is
 touched from its last block back to its first), so a block leaves only after every block that
 extends it: no chain is ever cut in the middle. A running request never needs a pool row after
@@ -21,9 +25,11 @@ admission: its prefix is copied into its own slot then.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from models.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, scope_digest
 
 Key = tuple[object, tuple[int, ...]]  # (the scope or the parent's uid, the block's tokens)
 
@@ -46,7 +52,13 @@ class PrefixCacheStats(NamedTuple):
 
 
 class PrefixCache:
-    def __init__(self, num_blocks: int, block_size: int, block_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        block_bytes: int = 0,
+        on_events: Callable[[list[KvEvent]], None] | None = None,
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("a prefix cache needs at least one block of at least one token")
         self.num_blocks = num_blocks
@@ -59,6 +71,7 @@ class PrefixCache:
         self.queried_tokens = 0
         self.hit_tokens = 0
         self.evicted_blocks = 0
+        self._on_events = on_events
 
     @property
     def num_cached_blocks(self) -> int:
@@ -119,19 +132,33 @@ class PrefixCache:
             rows.append(row)
             parent = block.uid
         self._touch(chain)
+        if self._on_events is not None and rows:
+            self._tell_stored(scope, chain[first:], chain[first - 1].uid if first else None)
         return first, rows
+
+    def _tell_stored(self, scope: str, blocks: list[_Block], parent: int | None) -> None:
+        assert self._on_events is not None
+        tokens = [token for block in blocks for token in block.key[1]]
+        extra: list[tuple[str, ...] | None] | None = None
+        if parent is None and scope:  # a scoped chain's root: its scope, as a digest
+            extra = [(scope_digest(scope),), *([None] * (len(blocks) - 1))]
+        uids = [block.uid for block in blocks]
+        self._on_events([BlockStored(uids, parent, tokens, self.block_size, extra)])
 
     def clear(self) -> None:
         """Forget every block (the pool's contents can no longer be trusted)."""
         self._by_key.clear()
         self._lru.clear()
         self._free = list(range(self.num_blocks - 1, -1, -1))
+        if self._on_events is not None:
+            self._on_events([AllBlocksCleared()])
 
     def _evict(self, count: int, keep: set[int]) -> None:
         """Free `count` rows, least recently used blocks first, never one of `keep`. The free rows
         are handed out in ascending order, so a chain's blocks mostly lie in consecutive rows and
         copy as one slice (models/kv/pool.py)."""
         freed: list[int] = []
+        removed: list[int] = []
         lru = self._lru
         while len(freed) < count and lru:
             uid, block = next(iter(lru.items()))
@@ -140,6 +167,9 @@ class PrefixCache:
             del lru[uid]
             del self._by_key[block.key]
             freed.append(block.row)
+            removed.append(uid)
+        if removed and self._on_events is not None:
+            self._on_events([BlockRemoved(removed)])
         if freed:
             self.evicted_blocks += len(freed)
             self._free = sorted(self._free + freed, reverse=True)

@@ -101,8 +101,10 @@ class Tokenizer:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> list[int]:
-        """Apply the model's chat template with the generation prompt; return token ids.
+        """Apply the model's chat template with the generation prompt (unless told not to: vLLM's
+        /tokenize may ask for the conversation alone); return token ids.
 
         `tools` (OpenAI's tool objects) reach the template as `tools`, as transformers passes
         them; `template_kwargs` become template variables (e.g. `enable_thinking`) and may not
@@ -118,7 +120,7 @@ class Tokenizer:
             messages,
             tools=tools,
             chat_template=template,
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
             tokenize=False,
             **variables,
         )

@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection
 from models.config import EngineConfig
 from models.engine.core import EngineCore
 from models.engine.outputs import ENGINE_STOPPED, RequestOutput
+from models.kv.events import KvEvent
 from models.loading.loader import load_model, resolve_engine_config
 from models.process.messages import (
     AbortRequest,
@@ -46,6 +47,7 @@ from models.process.messages import (
     FromEngine,
     GpuReport,
     GrammarMasksEvent,
+    KvEventsEvent,
     Loaded,
     LoadFailed,
     StepEvent,
@@ -89,6 +91,9 @@ class RecordingObserver:
 
     def on_grammar_compiled(self, seconds: float) -> None:
         pass  # the server compiles every new grammar first and reports it there
+
+    def on_kv_events(self, events: list[KvEvent]) -> None:
+        self.events.append(KvEventsEvent(events))
 
 
 class _Outbox:

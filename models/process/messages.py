@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from models.config import SchedulerConfig
 from models.engine.outputs import RequestOutput
+from models.kv.events import KvEvent
 from models.kv.prefix_cache import PrefixCacheStats
 from models.runner.gpu import GpuStat
 from models.sampling.params import SamplingParams
@@ -100,7 +101,13 @@ class GrammarMasksEvent(NamedTuple):
     seconds: float
 
 
-EngineEvent = StepEvent | AdmittedEvent | FirstTokenEvent | TokenGapsEvent | FinishEvent | GrammarMasksEvent
+class KvEventsEvent(NamedTuple):
+    events: list[KvEvent]
+
+
+EngineEvent = (
+    StepEvent | AdmittedEvent | FirstTokenEvent | TokenGapsEvent | FinishEvent | GrammarMasksEvent | KvEventsEvent
+)
 
 # (request_id, text, token_ids, num_prompt_tokens, num_output_tokens, logprobs, finish_reason, error,
 #  num_cached_tokens, queue_time)

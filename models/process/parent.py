@@ -44,6 +44,7 @@ from models.process.messages import (
     FromEngine,
     GpuReport,
     GrammarMasksEvent,
+    KvEventsEvent,
     Loaded,
     LoadFailed,
     NewRequest,
@@ -341,6 +342,8 @@ class EngineProcess:
                 observer.on_finish(event.reason, event.e2e)
             elif isinstance(event, GrammarMasksEvent):
                 observer.on_grammar_masks(event.seconds)
+            elif isinstance(event, KvEventsEvent):
+                observer.on_kv_events(event.events)
 
     def _on_exit(self) -> None:
         with contextlib.suppress(Exception):

@@ -37,6 +37,9 @@ class SamplingParams:
     # Special tokens kept in the text instead of skipped: a tool-call format's tags (e.g.
     # Mistral's [TOOL_CALLS]), which the reply's parser reads.
     keep_special_ids: tuple[int, ...] = ()
+    # vLLM's `cache_salt`: the prefix cache serves this sequence only blocks cached under the same
+    # salt (and the same API key: models/scheduler/sequence.py). "" is no salt.
+    cache_salt: str = ""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

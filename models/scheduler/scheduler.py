@@ -260,7 +260,7 @@ class Scheduler:
         cache = self.prefix_cache
         if cache is None:
             return
-        rows = cache.match(seq.cache_scope, seq.prompt_token_ids, seq.num_prompt_tokens - 1)
+        rows = cache.match(seq.prefix_scope, seq.prompt_token_ids, seq.num_prompt_tokens - 1)
         if rows:
             out.loads.append(BlockCopy(seq.slot, 0, rows))
             seq.num_computed_tokens = seq.num_cached_tokens = len(rows) * cache.block_size
@@ -275,7 +275,7 @@ class Scheduler:
         tokens = (
             seq.prompt_token_ids if num_tokens <= seq.num_prompt_tokens else seq.prompt_token_ids + seq.output_token_ids
         )
-        first, rows = cache.insert(seq.cache_scope, tokens, num_tokens)
+        first, rows = cache.insert(seq.prefix_scope, tokens, num_tokens)
         if rows:
             self._pending_moves.append(BlockCopy(seq.slot, first, rows))
 
@@ -287,7 +287,7 @@ class Scheduler:
         if cache is None:
             return False
         limit = seq.num_prompt_tokens - 1
-        end = cache.cached_length(seq.cache_scope, seq.prompt_token_ids, limit) + cache.block_size
+        end = cache.cached_length(seq.prefix_scope, seq.prompt_token_ids, limit) + cache.block_size
         if end > limit:
             return False
         head = seq.prompt_token_ids[:end]
@@ -295,7 +295,7 @@ class Scheduler:
             if (
                 other.is_prefilling
                 and other.num_prompt_tokens >= end
-                and other.cache_scope == seq.cache_scope
+                and other.prefix_scope == seq.prefix_scope
                 and other.prompt_token_ids[:end] == head
             ):
                 return True

@@ -85,5 +85,12 @@ class Sequence:
         return cache_scope_of(self.share)
 
     @property
+    def prefix_scope(self) -> str:
+        """Whose cached prefixes it may reuse and leaves for others: its cache scope, narrowed by
+        its `cache_salt` when it has one (never widened: the salt is added to the key's scope)."""
+        salt = self.params.cache_salt
+        return f"{self.cache_scope}\0salt:{salt}" if salt else self.cache_scope
+
+    @property
     def last_token_id(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]

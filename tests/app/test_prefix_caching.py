@@ -135,3 +135,27 @@ def test_metrics_count_queried_and_hit_tokens_and_the_pool(live: LiveServer) -> 
     assert delta("surge_prefix_cache_queried_tokens_total") >= second.usage.prompt_tokens
     used, capacity = after.value("surge_prefix_cache_used_bytes"), after.value("surge_prefix_cache_capacity_bytes")
     assert 0 < used <= capacity
+
+
+def test_a_cache_salt_reuses_only_prefixes_cached_under_the_same_salt(live: LiveServer) -> None:
+    text = system()
+
+    def salted(user: str, salt: str | None) -> int:
+        messages = [{"role": "system", "content": text}, {"role": "user", "content": user}]
+        extra = {"cache_salt": salt} if salt is not None else {}
+        reply = client(live).chat.completions.create(
+            model=MODEL_NAME,
+            messages=messages,
+            max_tokens=2,
+            temperature=0,
+            extra_body=extra,  # type: ignore[arg-type]
+        )
+        assert reply.usage is not None
+        return cached(reply.usage)
+
+    assert salted("First?", "tenant-one-secret") == 0
+    assert salted("Second?", "tenant-one-secret") > 100  # the same salt: the system prompt is reused
+    assert salted("Third?", "tenant-two-secret") == 0  # another salt sees none of it
+    assert salted("Fourth?", None) == 0  # nor does the key without a salt
+    with pytest.raises(openai.BadRequestError):
+        salted("Empty salt?", "")

@@ -104,3 +104,17 @@ def test_num_threads_is_auto_by_default_or_a_count() -> None:
     assert parse_settings(["--num-threads", "2"], environ={}).engine.model.num_threads == 2
     assert parse_settings([], environ={"SURGE_NUM_THREADS": "0"}).engine.model.num_threads == 0  # torch's default
     assert parse_settings(["--num-threads", "AUTO"], environ={}).engine.model.num_threads == AUTO_THREADS
+
+
+@pytest.mark.parametrize(
+    ("settings", "needs"),
+    [
+        ({"kv_events_endpoint": "localhost:5557"}, "ZeroMQ address"),
+        ({"kv_events_endpoint": "tcp://*:5557", "prefix_caching": "off"}, "prefix_caching on"),
+    ],
+)
+def test_kv_events_need_an_address_and_the_prefix_cache(settings: dict[str, str], needs: str) -> None:
+    with pytest.raises(ValueError, match=needs):
+        Settings(**settings)  # type: ignore[arg-type]
+    assert Settings(kv_events_endpoint="tcp://*:5557").engine.scheduler.kv_events
+    assert not Settings().engine.scheduler.kv_events

@@ -13,6 +13,7 @@ import torch
 
 from models.config import EngineConfig, ModelConfig, SchedulerConfig
 from models.engine.outputs import MODEL_FAILED, RequestOutput
+from models.kv.events import KvEvent
 from models.process.async_engine import AsyncEngine, RequestGroup
 from models.sampling.params import SamplingParams
 from models.scheduler.sequence import FinishReason
@@ -299,6 +300,7 @@ class RecordingObserver:
         self.finishes: list[FinishReason] = []
         self.mask_seconds: list[float] = []
         self.compile_seconds: list[float] = []
+        self.kv_events: list[KvEvent] = []
 
     def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
         self.num_seqs.append(num_seqs)
@@ -322,6 +324,9 @@ class RecordingObserver:
 
     def on_grammar_compiled(self, seconds: float) -> None:
         self.compile_seconds.append(seconds)
+
+    def on_kv_events(self, events: list[KvEvent]) -> None:
+        self.kv_events += events
 
 
 async def test_observer_sees_steps_tokens_and_finishes_but_not_warmup(tiny_model_dir: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from models.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, scope_digest
 from models.kv.prefix_cache import PrefixCache
 
 
@@ -74,3 +75,25 @@ def test_clear_forgets_everything() -> None:
 def test_a_pool_needs_a_block() -> None:
     with pytest.raises(ValueError):
         PrefixCache(num_blocks=0, block_size=16)
+
+
+def test_events_tell_every_store_eviction_and_clear_in_order() -> None:
+    told: list[KvEvent] = []
+    cache = PrefixCache(num_blocks=3, block_size=2, on_events=told.extend)
+    cache.insert("key:a", [1, 2, 3, 4, 5], 5)  # two whole blocks
+    cache.insert("key:a", [1, 2, 3, 4, 6, 7], 6)  # shares both, adds one
+    cache.insert("", [9, 9, 8, 8], 4)  # unscoped: two more, one evicted first
+    cache.clear()
+    stored_a, stored_b, removed, stored_c, cleared = told
+    assert stored_a == BlockStored([0, 1], None, [1, 2, 3, 4], 2, [(scope_digest("key:a"),), None])
+    assert stored_b == BlockStored([2], 1, [6, 7], 2, None)
+    assert removed == BlockRemoved([2, 1])  # least recently used first, a child before its parent
+    assert stored_c == BlockStored([3, 4], None, [9, 9, 8, 8], 2, None)  # no scope, no extra keys
+    assert isinstance(cleared, AllBlocksCleared)
+    assert "key:a" not in repr(told)  # a scope is told only as its digest
+
+
+def test_no_events_are_kept_without_a_listener() -> None:
+    cache = PrefixCache(num_blocks=2, block_size=2)
+    cache.insert("", [1, 2, 3, 4], 4)
+    assert cache.num_cached_blocks == 2

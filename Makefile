@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test test-reliability install install-dev install-bench lint typecheck unit bench bench-overhead redis k8s-tools node-example codex-cli clean
+.PHONY: run test test-reliability install install-dev install-bench lint typecheck unit bench bench-overhead redis k8s-tools node-example codex-cli bench-fleet clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,11 @@ BENCH_ARGS ?= --model-size m --concurrency 1,8,32,64 --rounds 3
 
 bench: $(VENV)/.installed-bench
 	$(PY) -m scripts.bench $(BENCH_ARGS)
+
+# Two replicas behind vllm-router: later turns' TTFT and prefix-hit share, round-robin against
+# cache-aware and kv-aware routing (scripts/bench_fleet.py, docs/fleet.md).
+bench-fleet: install-dev
+	$(PY) -m scripts.bench_fleet
 
 # Serving overhead alone: surge on `--model echo` against a bare Starlette SSE endpoint.
 bench-overhead: install-dev

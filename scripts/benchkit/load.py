@@ -47,6 +47,32 @@ class SystemUnderTest(Protocol):
 
 
 @dataclass
+class RunningServer:
+    """A server that something else starts and stops (a router in front of replicas, a test's fake),
+    as a SystemUnderTest: requests carry `model_name` and `request_extras`, nothing more."""
+
+    name: str
+    base_url: str
+    model_name: str = "m"
+    request_extras: dict[str, Any] = field(default_factory=lambda: {"ignore_eos": True})
+
+    def request_headers(self) -> dict[str, str]:
+        return {}
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def peak_rss_mib(self) -> float | None:
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+@dataclass
 class RequestResult:
     error: str | None = None
     ttft_s: float | None = None  # until the first chunk with non-empty content

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -99,6 +100,12 @@ def converse(router: ServerProcess, session_header: bool = False) -> list[tuple[
         return [turn for turns in pool.map(one, range(NUM_CONVERSATIONS)) for turn in turns]
 
 
+def running(replica: ServerProcess) -> float:
+    scrape = httpx.get(f"{replica.url}/metrics", headers={"authorization": "Bearer m"}, timeout=10).text
+    line = next(line for line in scrape.splitlines() if line.startswith("vllm:num_requests_running{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
 def later_hit_share(turns: list[tuple[int, int, int]]) -> float:
     later = [(prompt, cached) for turn, prompt, cached in turns if turn > 1]
     return sum(cached for _, cached in later) / sum(prompt for prompt, _ in later)
@@ -149,3 +156,65 @@ def test_per_key_limits_and_idempotency_hold_across_the_replicas(fleet: Fleet) -
         assert statuses.count(429) >= 5 and statuses.count(200) <= RPM, statuses
     finally:
         router.stop()
+
+
+def test_a_replica_killed_mid_run_loses_no_request_its_client_retries(
+    tiny_model_dir: Path, redis_server: Any, tmp_path: Path
+) -> None:
+    """Requests in flight on a replica that dies (SIGKILL) fail at the router; each client retries
+    with its Idempotency-Key until it has an answer, which the live replica gives once the dead
+    one's lease on the key runs out. Every request ends answered, and every retry of a key that
+    had completed is that answer replayed."""
+    common = ["--served-model-name", MODEL, "--max-model-len", "2048", "--redis-url", redis_server.url]
+    common += ["--api-key", KEY, "--idempotency-lease-seconds", "1", "--max-num-seqs", "4", "--metrics-key", "m"]
+    replicas = [start_surge(tiny_model_dir, tmp_path / f"surge-{i}.log", *common) for i in range(2)]
+    for replica in replicas:
+        replica.wait_ready()
+    fleet = Fleet(replicas, [], tmp_path)
+    router = fleet.router("round_robin", "--health-check-interval-secs", "1", "--health-failure-threshold", "1")
+    keys = [f"kill-{uuid.uuid4().hex}" for _ in range(12)]
+
+    def long_request(key: str) -> dict[str, Any]:
+        """A request of its own per key, long enough to be running when the replica dies."""
+        messages = [{"role": "user", "content": f"Go on, {key}."}]
+        body = {"model": MODEL, "messages": messages, "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+        return {"json": body, "headers": {"authorization": f"Bearer {KEY}", "idempotency-key": key}}
+
+    def ask(key: str) -> tuple[int, dict[str, Any], int]:
+        attempts = 0
+        with httpx.Client(base_url=router.url, timeout=60) as client:
+            for attempts in range(1, 200):
+                try:
+                    reply = client.post("/v1/chat/completions", **long_request(key))
+                except httpx.TransportError:
+                    continue
+                if reply.status_code == 200:
+                    return reply.status_code, reply.json(), attempts
+                time.sleep(0.25)  # 409 (the key's lease still held), 5xx (the dead replica)
+        return 0, {}, attempts
+
+    try:
+        with ThreadPoolExecutor(len(keys)) as pool:
+            futures = [pool.submit(ask, key) for key in keys]
+            deadline = time.monotonic() + 30
+            while running(replicas[0]) == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert running(replicas[0]) > 0  # it dies with requests in flight
+            replicas[0].stop(graceful=False)  # SIGKILL: no draining, no goodbye
+            answers = [future.result() for future in futures]
+        assert all(status == 200 for status, _, _ in answers), [(s, a) for s, _, a in answers]
+        with httpx.Client(base_url=router.url, timeout=60) as client:
+            for key, (_, answer, _) in zip(keys, answers, strict=True):
+                body = {"model": MODEL, "messages": [{"role": "user", "content": f"Go on, {key}."}], "max_tokens": 300}
+                body |= {"ignore_eos": True, "temperature": 0}
+                again = client.post(
+                    "/v1/chat/completions",
+                    json=body,
+                    headers={"authorization": f"Bearer {KEY}", "idempotency-key": key},
+                )
+                assert again.status_code == 200 and again.headers.get("idempotent-replayed") == "true"
+                assert again.json() == answer
+    finally:
+        router.stop()
+        for replica in replicas:
+            replica.stop(graceful=False)

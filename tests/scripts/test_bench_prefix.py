@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from scripts.benchkit import load, prefix, prefix_report, prefix_run
+from scripts.benchkit.load import RunningServer
 from scripts.benchkit.prefix import TurnResult, WorkloadSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -275,22 +276,9 @@ class FakeServer:
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
 
-class FakeSut:
-    name, model_name, request_extras = "fake", "m", {"ignore_eos": True}
-
+class FakeSut(RunningServer):
     def __init__(self, url: str) -> None:
-        self.base_url = url
-
-    def request_headers(self) -> dict[str, str]:
-        return {}
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-    def peak_rss_mib(self) -> float | None:
-        return None
-
-    def stats(self) -> dict[str, Any]:
-        return {}
+        super().__init__("fake", url)
 
 
 async def test_multi_turn_sends_each_reply_back_as_the_assistant_message() -> None:

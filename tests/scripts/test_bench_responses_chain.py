@@ -6,29 +6,19 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 from scripts.benchkit import prefix
+from scripts.benchkit.load import RunningServer
 from scripts.benchkit.prefix import WorkloadSpec
 from tests.live_server import MODEL_NAME, running_server
 
 SYSTEM = "You are a careful assistant who answers in one short sentence. " * 12
 
 
-class LiveSut:
-    name, model_name, request_extras = "surge", MODEL_NAME, {"ignore_eos": True}
-
-    def __init__(self, url: str) -> None:
-        self.base_url = url
-
-    def request_headers(self) -> dict[str, str]:
-        return {}
-
-
 def test_each_later_turn_continues_its_chain_from_the_prefix_cache(tiny_model_dir: Path) -> None:
     spec = WorkloadSpec("responses-chain", 3, 1, 6, SYSTEM, num_turns=3, stagger_s=0.0)
     with running_server(tiny_model_dir, max_model_len=2048) as live:
-        sut: Any = LiveSut(live.url)
+        sut = RunningServer("surge", live.url, MODEL_NAME)
         results, wall_s, _ = asyncio.run(prefix.run_workload(sut, spec))
         stored = [live.state.responses.memory.get("", r.response_id or "") for r in results]
     assert len(results) == 9 and all(r.error is None for r in results), [r.error for r in results]

@@ -109,6 +109,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("served_model_name", str, "model name in the API; empty = the --model value"),
     Option(
+        "model_version",
+        str,
+        "this deployment's model version, the `model_version` label of surge_model_info (to compare a canary"
+        " with the stable one); empty = --revision, else `unversioned`",
+    ),
+    Option(
         "tool_call_parser",
         str,
         "the tool-call format of the model's replies; `auto` = the one its chat template writes",

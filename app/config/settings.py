@@ -53,6 +53,7 @@ class Settings:
     prefix_cache_size: str = f"{_SCHEDULER.prefix_cache_share:.0%}"
     kv_cache_memory: str = f"{_SCHEDULER.kv_cache_share:.0%}"
     served_model_name: str = ""
+    model_version: str = ""
     tool_call_parser: str = "auto"
     json_schema_objects: str = "closed"
     chat_template: str = ""
@@ -258,6 +259,11 @@ class Settings:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+    @property
+    def version_label(self) -> str:
+        """What surge_model_info says this deployment's model version is."""
+        return self.model_version or self.revision or "unversioned"
 
     @property
     def is_auth_on(self) -> bool:

@@ -98,6 +98,14 @@ class ServerCollector(Collector):
             core.kv_usage if core is not None else 0.0,
         )
         scheduler = engine.config.scheduler if engine is not None else None
+        info = GaugeMetricFamily(
+            "surge_model_info",
+            "1, labelled with the served model and its version (--model-version): join it on the pod to compare"
+            " a canary's latencies and errors with the stable deployment's.",
+            labels=["model", "model_version"],
+        )
+        info.add_metric([model, state.settings.version_label], 1.0)
+        yield info
         yield gauge(
             "surge_max_num_seqs",
             "Sequences decoded together: --max-num-seqs, or fewer where the K/V's memory budget holds fewer.",

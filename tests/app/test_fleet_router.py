@@ -130,10 +130,12 @@ def test_prefix_aware_routing_lands_later_turns_where_their_prefix_is(fleet: Fle
             router.stop()
     print(f"later turns' prompt tokens from the prefix cache: {shares}")
     # Later turns resend a history of ~300 tokens: where it is cached, all but its last, partial
-    # block hits (~0.9); round-robin sends half of them to the replica without it (~0.5-0.6).
-    # kv_aware weighs the prefix against the replicas' load and sometimes picks the idler one.
-    for policy in ("kv_aware", "cache_aware", "consistent_hash"):
-        assert shares[policy] > 0.7 and shares[policy] > shares["round_robin"] + 0.15, shares
+    # block hits (~0.9); round-robin sends half of them to the replica without it (~0.55). kv_aware
+    # weighs the prefix against the replicas' load and sometimes picks the idler one (0.74-0.91
+    # seen); without the events it would fall back to the least loaded replica, round-robin's share.
+    for policy in ("cache_aware", "consistent_hash"):
+        assert shares[policy] > 0.8 and shares[policy] > shares["round_robin"] + 0.2, shares
+    assert shares["kv_aware"] > 0.65 and shares["kv_aware"] > shares["round_robin"] + 0.1, shares
 
 
 def test_per_key_limits_and_idempotency_hold_across_the_replicas(fleet: Fleet) -> None:

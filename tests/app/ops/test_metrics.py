@@ -121,6 +121,9 @@ def test_every_metric_has_help_and_the_model_label(live: LiveServer) -> None:
     assert scrape.value("http_requests_total", handler="/v1/chat/completions", status="200") >= 1
     assert scrape.value("http_request_duration_seconds_count", handler="/v1/chat/completions") >= 1
     assert scrape.value("http_requests_total", handler="/metrics") == 0
+    # The deployment's model version, for a canary's comparison: --revision's, or `unversioned`.
+    (info,) = [s for s in scrape.samples if s.name == "surge_model_info"]
+    assert info.value == 1 and info.labels == {"model": MODEL_NAME, "model_version": "unversioned"}
 
 
 def test_401s_are_counted(tiny_model_dir: Path) -> None:

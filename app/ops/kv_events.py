@@ -95,7 +95,6 @@ _STORED_FIELDS: list[Any] = [
 
 class KvEventPublisher:
     def __init__(self, endpoint: str, topic: str = "", form: str = "map") -> None:
-        self.endpoint = endpoint
         self._wire = WireFormat(form)
         self.num_dropped = 0
         self._topic = topic.encode()

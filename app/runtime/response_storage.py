@@ -79,9 +79,9 @@ class ResponseStorage:
         self, tenant: str, response_id: str, cancelled: StoredResponse
     ) -> tuple[bool, StoredResponse | None]:
         """For a background response that another replica runs: mark it cancelled where every
-        replica sees it. (True, None) marked; (False, stored) it had finished; (False, None) none."""
-        if self.redis is None:
-            return False, self.memory.get(tenant, response_id)
+        replica sees it. (True, None) marked; (False, stored) it had finished; (False, None) none.
+        Only where the store is shared (`is_shared`): without Redis every run is this replica's own."""
+        assert self.redis is not None
         try:
             return await self.redis.cancel(tenant, response_id, cancelled)
         except RedisUnavailable as exc:

@@ -8,8 +8,6 @@ cluster, so the adapter rule's query runs here exactly as the adapter would send
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -17,11 +15,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from scripts.harness.loopback import loopback
-from scripts.harness.servers import ServerProcess
-from tests.k8s.conftest import K8S, SERVED_MODEL, load_yaml
+from tests.k8s.conftest import K8S, SERVED_MODEL, load_yaml, prometheus_scraping
 
 NAMESPACE = "surge"
 POD = "surge-0"
@@ -78,34 +74,8 @@ def test_dashboard_and_rules_use_only_exposed_metrics(surge_url: str) -> None:
 
 @pytest.fixture
 def prometheus(surge_url: str, tmp_path: Path) -> Iterator[str]:
-    binary, promtool = shutil.which("prometheus"), shutil.which("promtool")
-    if binary is None or promtool is None:
-        pytest.fail("prometheus/promtool not found: run scripts/ensure-k8s-tools.sh (make k8s-tools)")
-    rules = tmp_path / "surge-rules.yaml"
-    rules.write_text((K8S / "prometheus" / "surge-rules.yaml").read_text())
-    config = tmp_path / "prometheus.yml"
-    target = surge_url.removeprefix("http://")
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "rule_files": [str(rules)],
-                "scrape_configs": [
-                    {
-                        "job_name": "surge",
-                        "static_configs": [{"targets": [target], "labels": {"namespace": NAMESPACE, "pod": POD}}],
-                    }
-                ],
-            }
-        )
-    )
-    for what, path in (("config", config), ("rules", rules)):
-        check = subprocess.run([promtool, "check", what, str(path)], capture_output=True, text=True, timeout=60)
-        assert check.returncode == 0, check.stdout + check.stderr
-    argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}"]
-    argv += ["--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
-    with ServerProcess("prometheus", argv, tmp_path / "prometheus.log", ready_path="/-/ready") as prometheus:
-        yield prometheus.url
+    with prometheus_scraping({POD: surge_url}, NAMESPACE, tmp_path) as url:
+        yield url
 
 
 def query(prometheus: str, promql: str) -> float | None:

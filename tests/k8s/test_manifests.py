@@ -112,8 +112,12 @@ def test_redis_needs_a_password_from_a_secret_and_only_surge_reaches_it(
         assert labels[expression["key"]] in expression["values"] and expression["operator"] == "In"
     assert server_labels[expression["key"]] not in expression["values"]
     assert redis_policy["policyTypes"] == ["Ingress", "Egress"]
+    canary_labels = {**server_labels, expression["key"]: "canary"}  # k8s/canary's pods share the state
     assert redis_policy["ingress"] == [
-        {"from": [{"podSelector": {"matchLabels": server_labels}}], "ports": [{"port": 6379, "protocol": "TCP"}]}
+        {
+            "from": [{"podSelector": {"matchLabels": server_labels}}, {"podSelector": {"matchLabels": canary_labels}}],
+            "ports": [{"port": 6379, "protocol": "TCP"}],
+        }
     ]
     server_policy = policies["surge-server"]
     assert server_policy["podSelector"]["matchLabels"] == server_labels

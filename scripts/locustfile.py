@@ -1,6 +1,6 @@
 """Locust load test of surge's streaming chat completions, with time to first token as its own metric.
 
-    pip install locust                       # not a dependency of surge, nor of `make test`
+    pip install locust                       # not a dependency of surge; `make test` runs it (dev extra)
     locust -f scripts/locustfile.py --host http://127.0.0.1:8000 --headless -u 16 -r 4 -t 60s
 
 Each user streams chat completions with a random prompt and output length. Locust's statistics

@@ -100,6 +100,12 @@ OPTIONS: tuple[Option, ...] = (
         "the prefix cache's bound: bytes (`512MiB`, `2GB`) or a share of the KV slots' full size (`50%`)",
     ),
     Option(
+        "warm_templates",
+        str,
+        "JSON file of frequent system prompts (`messages`) or prompt prefixes (`prompt`), prefilled into"
+        " the prefix cache before /ready and never evicted, shared by every API key",
+    ),
+    Option(
         "kv_cache_memory",
         str,
         "the K/V's memory, slots and prefix cache together: a share of the device's memory (the machine's or"
@@ -319,7 +325,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("degrade_queue_seconds", float, "queue-time p90 that counts as load 1.0"),
     Option("degrade_ttft_seconds", float, "time-to-first-token p90 that counts as load 1.0"),
     Option("degrade_error_rate", float, "error rate that counts as load 1.0"),
+    Option("degrade_step_seconds", float, "engine step-time p90 that counts as load 1.0; 0 = off"),
+    Option("degrade_kv_usage", float, "share of the KV pool in use that counts as load 1.0; 0 = off"),
+    Option(
+        "degrade_memory_usage",
+        float,
+        "share of the memory limit (or GPU memory) in use that counts as load 1.0; 0 = off",
+    ),
+    Option("degrade_compute_usage", float, "CPU (or GPU) busy share that counts as load 1.0; 0 = off (the default)"),
     Option("degrade_cooldown_seconds", float, "calm time before stepping down one degradation level"),
+    Option("degrade_hysteresis", float, "a degradation level is left only below (1 - this) x its threshold"),
     Option("degrade_max_tokens", int, "max_tokens clamp from level 2"),
     Option("degrade_max_prompt_tokens", int, "longest prompt accepted from level 2"),
     Option("canned_reply", str, "reply text at level 3 when no cached reply exists"),

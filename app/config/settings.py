@@ -51,6 +51,7 @@ class Settings:
     kv_events_topic: str = ""
     kv_events_format: str = "map"
     prefix_cache_size: str = f"{_SCHEDULER.prefix_cache_share:.0%}"
+    warm_templates: str = ""
     kv_cache_memory: str = f"{_SCHEDULER.kv_cache_share:.0%}"
     served_model_name: str = ""
     model_version: str = ""
@@ -118,7 +119,12 @@ class Settings:
     degrade_queue_seconds: float = _DEGRADATION.queue_seconds
     degrade_ttft_seconds: float = _DEGRADATION.ttft_seconds
     degrade_error_rate: float = _DEGRADATION.error_rate
+    degrade_step_seconds: float = _DEGRADATION.step_seconds
+    degrade_kv_usage: float = _DEGRADATION.kv_usage
+    degrade_memory_usage: float = _DEGRADATION.memory_usage
+    degrade_compute_usage: float = _DEGRADATION.compute_usage
     degrade_cooldown_seconds: float = _DEGRADATION.cooldown_seconds
+    degrade_hysteresis: float = _DEGRADATION.hysteresis
     degrade_max_tokens: int = _ADMISSION.degraded_max_tokens
     degrade_max_prompt_tokens: int = _ADMISSION.degraded_max_prompt_tokens
     canned_reply: str = _ADMISSION.canned_reply
@@ -238,7 +244,12 @@ class Settings:
             queue_seconds=self.degrade_queue_seconds,
             ttft_seconds=self.degrade_ttft_seconds,
             error_rate=self.degrade_error_rate,
+            step_seconds=self.degrade_step_seconds,
+            kv_usage=self.degrade_kv_usage,
+            memory_usage=self.degrade_memory_usage,
+            compute_usage=self.degrade_compute_usage,
             cooldown_seconds=self.degrade_cooldown_seconds,
+            hysteresis=self.degrade_hysteresis,
         )
         object.__setattr__(self, "degradation", degradation)
         admission = AdmissionConfig(

@@ -60,6 +60,11 @@ class EngineMetrics:
         self.batch_size = histogram(
             "surge_batch_size", "Sequences in one engine step (decodes and prefill chunks).", BATCH_BUCKETS
         )
+        self.step_time = histogram(
+            "surge_engine_step_seconds",
+            "Seconds of one engine step's forward pass and sampling: what each decoding sequence waits per token.",
+            TOKEN_GAP_BUCKETS,
+        )
         self.prompt_tokens = counter("surge_prompt_tokens", "Prompt tokens prefilled.", ["model"]).labels(model)
         self.generation_tokens = counter("surge_generation_tokens", "Tokens generated.", ["model"]).labels(model)
         finished = counter(
@@ -86,8 +91,9 @@ class EngineMetrics:
         # Where the prefix cache's block events go (app/ops/kv_events.py), when they are published.
         self.kv_events: Callable[[list[KvEvent]], None] | None = None
 
-    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int, seconds: float) -> None:
         self.batch_size.observe(num_seqs)
+        self.step_time.observe(seconds)
         if num_prompt_tokens:
             self.prompt_tokens.inc(num_prompt_tokens)
         if num_generated_tokens:

@@ -34,6 +34,7 @@ from app.ops.vllm_names import cache_config_info, with_vllm_names
 from app.response_format import CONSTRAINED_KINDS
 from app.runtime.connections import Connections
 from app.runtime.state import ServerState
+from middleware.admission.degradation import load_signals
 from middleware.errors import error_json
 from models import PrefixCacheStats, read_gpu_stats
 
@@ -136,6 +137,16 @@ class ServerCollector(Collector):
         for tier, level in (admission.levels.levels() if admission is not None else {0: 0}).items():
             levels.add_metric([model, str(tier)], level)
         yield levels
+        signals = GaugeMetricFamily(
+            "surge_degradation_signal_ratio",
+            "Each degradation signal over its bound for the whole server (1 = at it; the load score is the"
+            " largest): queue_depth, queue_time, ttft, error_rate, step_time, kv_usage, memory, compute.",
+            labels=["model", "signal"],
+        )
+        if engine is not None:
+            for name, ratio in load_signals(engine.load_snapshot(), state.settings.degradation).items():
+                signals.add_metric([model, name], ratio)
+        yield signals
         yield counter(
             "surge_requests_aborted",
             "Sequences aborted because their client went away.",
@@ -211,12 +222,12 @@ class ServerCollector(Collector):
             "GPU busy time over the last sample period (NVML).",
             labels=["model", "device"],
         )
-        for device, used_bytes, busy in stats:
+        for device, used_bytes, _, busy in stats:
             memory.add_metric([self._model, device], used_bytes)
             if busy is not None:
                 utilization.add_metric([self._model, device], busy)
         yield memory
-        if any(busy is not None for _, _, busy in stats):
+        if any(busy is not None for *_, busy in stats):
             yield utilization
 
 
@@ -324,6 +335,11 @@ def _prefix_cache_metrics(
         stats.evicted_blocks,
     )
     yield gauge("surge_prefix_cache_used_bytes", "Bytes of K/V the prefix cache holds.", stats.used_bytes)
+    yield gauge(
+        "surge_prefix_cache_pinned_bytes",
+        "Bytes of it the warm templates hold (--warm-templates): never evicted, at most half the bound.",
+        stats.pinned_bytes,
+    )
     yield gauge(
         "surge_prefix_cache_capacity_bytes",
         "The prefix cache's bound in bytes (--prefix-cache-size); 0 when it is off.",

@@ -29,6 +29,7 @@ from app.runtime.response_storage import ResponseStorage
 from app.runtime.response_store import ResponseStore, StoreLimits
 from app.runtime.response_store_redis import RedisResponseStore
 from app.runtime.state import ServerState
+from app.runtime.warm_templates import load_templates, warm
 from app.server.door import install_door_layers
 from app.server.errors import install_error_handlers
 from app.server.http_protocol import bounded_protocol
@@ -72,6 +73,7 @@ def create_app(
     shared = RedisResponseStore(state.redis_cache, limits) if state.redis_cache is not None else None
     state.responses = ResponseStorage(ResponseStore(limits), shared)
     state.dedup = DedupCache(ttl=settings.dedup_ttl_seconds, redis=state.redis_cache, scope=settings.dedup_scope)
+    templates = load_templates(settings.warm_templates) if settings.warm_templates else []  # a bad file: no start
 
     async def load() -> None:
         for backend in backends:
@@ -88,6 +90,7 @@ def create_app(
             parser = None if settings.tool_call_parser == "auto" else settings.tool_call_parser
             state.tool_format = format_for(engine.tokenizer.hf.chat_template, parser)
             state.reasons = template_reasons(engine.tokenizer.hf.chat_template)
+            await warm(engine, templates)  # before /ready: the first request finds them cached
             state.engine = engine
             state.pipeline = build_pipeline(settings, state, state.engine)
             # The imports, the tokenizer and the app are here for good: keep them out of the

@@ -6,11 +6,16 @@
     3 replies from the dedup cache when possible, else a canned reply
     4 shed: 503 with Retry-After, lowest priority first
 
-The load score is the worst of several ratios, each 1.0 at its configured "busy" point:
-waiting sequences / queue depth, queue-time p90 / queue seconds, TTFT p90 / TTFT seconds,
-error rate / error rate, and KV-cache use. Level k is entered when the score reaches the k-th
-threshold (at once: load rises fast), and left one level at a time only after the score has
-stayed below the current level's threshold for a whole cooldown window (load falls noisily).
+The load score is the worst of several signals, each a ratio that is 1.0 at its configured bound:
+from the requests, waiting sequences / queue depth, queue-time p90 / queue seconds, TTFT p90 /
+TTFT seconds, error rate / error rate; from the engine itself, its step time p90 / step seconds
+(each decoding sequence waits one step per token), KV-pool use / its bound, and memory use and
+CPU (or GPU) busy share / theirs (models/load/host.py). A bound of 0 turns its signal off.
+
+Each tier's level is a circuit breaker with hysteresis: level k opens when the score reaches the
+k-th threshold (at once: load rises fast), and closes one level at a time only after the score has
+stayed below `1 - hysteresis` of the current level's threshold for a whole cooldown window (load
+falls noisily, and a score hovering at a threshold must not flap the level).
 
 Every tier has its own level (`TierLevels`): its score is the worst of its own load and of the
 tiers above it (more important: lower numbers), never of the tiers below. So a low tier's surge
@@ -39,7 +44,15 @@ class DegradationConfig:
     queue_seconds: float = 2.0  # queue-time p90 that counts as load 1.0
     ttft_seconds: float = 5.0  # time-to-first-token p90 that counts as load 1.0
     error_rate: float = 0.2  # error rate that counts as load 1.0
+    # The engine's own signals (0 turns one off). A step of 200 ms is 5 tokens/s per stream.
+    step_seconds: float = 0.2  # step-time p90 that counts as load 1.0
+    kv_usage: float = 0.9  # share of the KV pool held by running sequences that counts as 1.0
+    memory_usage: float = 0.9  # share of the memory limit (or GPU memory) in use that counts as 1.0
+    # Off by default: a CPU engine uses every core it is given whenever it is busy, so a busy share
+    # says "working", not "overloaded"; turn it on where the machine is shared (0.9, say).
+    compute_usage: float = 0.0  # CPU (or GPU) busy share that counts as 1.0
     cooldown_seconds: float = 10.0  # calm needed before stepping down one level
+    hysteresis: float = 0.2  # a level closes only below (1 - this) x its threshold
     # How often the score is recomputed at most; requests in between reuse it.
     refresh_seconds: float = 0.05
 
@@ -50,20 +63,38 @@ class DegradationConfig:
             raise ValueError("degradation thresholds must increase")
         if min(self.queue_depth, self.queue_seconds, self.ttft_seconds, self.error_rate) <= 0:
             raise ValueError("degradation reference points must be positive")
+        if min(self.step_seconds, self.kv_usage, self.memory_usage, self.compute_usage) < 0:
+            raise ValueError("the engine's degradation bounds must be positive (or 0: off)")
+        if not 0 <= self.hysteresis < 1:
+            raise ValueError("degradation hysteresis must be in [0, 1)")
 
     @property
     def enabled(self) -> bool:
         return bool(self.thresholds)
 
 
+def load_signals(snapshot: LoadSnapshot, config: DegradationConfig) -> dict[str, float]:
+    """Each signal's ratio to its bound (1.0: at it). The engine's figures count only for the tier
+    that bears the shared load (models/load/requests.py)."""
+    signals = {
+        "queue_depth": snapshot.num_waiting / config.queue_depth,
+        "queue_time": snapshot.queue_time_p90 / config.queue_seconds,
+        "ttft": snapshot.ttft_p90 / config.ttft_seconds,
+        "error_rate": snapshot.error_rate / config.error_rate,
+    }
+    shared = snapshot.bears_shared_load
+    for name, value, bound in (
+        ("step_time", snapshot.step_time_p90, config.step_seconds),
+        ("kv_usage", snapshot.kv_usage, config.kv_usage),
+        ("memory", snapshot.memory_usage, config.memory_usage),
+        ("compute", snapshot.compute_usage, config.compute_usage),
+    ):
+        signals[name] = value / bound if shared and bound > 0 else 0.0
+    return signals
+
+
 def load_score(snapshot: LoadSnapshot, config: DegradationConfig) -> float:
-    return max(
-        snapshot.num_waiting / config.queue_depth,
-        snapshot.queue_time_p90 / config.queue_seconds,
-        snapshot.ttft_p90 / config.ttft_seconds,
-        snapshot.error_rate / config.error_rate,
-        snapshot.kv_usage if snapshot.bears_shared_load else 0.0,
-    )
+    return max(load_signals(snapshot, config).values())
 
 
 class Degrader:
@@ -97,7 +128,7 @@ class Degrader:
         if target > self._level:
             self._level = target
             self._calm_since = None
-        elif target < self._level:
+        elif self._level and self.score < self.config.thresholds[self._level - 1] * (1.0 - self.config.hysteresis):
             if self._calm_since is None:
                 self._calm_since = now
             elif now - self._calm_since >= self.config.cooldown_seconds:

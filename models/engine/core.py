@@ -202,8 +202,7 @@ class EngineCore:
         outputs = self._expire_waiting()
         plan = self.scheduler.schedule()
         self._record_plan(plan)
-        outputs += self._run(plan)
-        if outputs:
+        if outputs := outputs + self._run(plan):
             self._publish(outputs)
 
     def _run(self, plan: SchedulerOutput) -> list[RequestOutput]:
@@ -215,6 +214,7 @@ class EngineCore:
             self.runner.apply_loads(plan.loads)
             if plan.is_empty:
                 return []
+            started = time.perf_counter()
             token_ids, logprobs = self._execute(plan)
         except Exception:
             log.exception("forward pass failed; failing the %d requests of this step", len(plan.sequences))
@@ -224,7 +224,8 @@ class EngineCore:
             return self._fail(plan.sequences, MODEL_FAILED)
         reasons = self.scheduler.update_from_output(plan, token_ids)
         self.num_steps += 1
-        self.observer.on_step(len(plan.decodes) + len(plan.prefills), plan.num_prompt_tokens, len(token_ids))
+        num_seqs, seconds = len(plan.decodes) + len(plan.prefills), time.perf_counter() - started
+        self.observer.on_step(num_seqs, plan.num_prompt_tokens, len(token_ids), seconds)
         return self._postprocess(plan.sampled, token_ids, reasons, logprobs)
 
     def _execute(self, plan: SchedulerOutput) -> tuple[list[int], list[TokenLogprob | None]]:
@@ -358,8 +359,7 @@ class EngineCore:
         self.observer.on_finish(reason, self.clock() - seq.arrival_time)
 
     def _settle_kv_usage(self) -> None:
-        # kv_usage is measured when a step is planned; with the batch empty no step follows to
-        # bring it down, so zero it here (metrics and the load score read it while idle).
+        # Measured when a step is planned: with the batch empty no step follows, so zero it here.
         if not self.scheduler.num_running:
             self.kv_usage = 0.0
 

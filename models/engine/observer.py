@@ -15,8 +15,9 @@ from models.scheduler.sequence import FinishReason
 
 
 class EngineObserver(Protocol):
-    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
-        """A step ran the model on `num_seqs` sequences: prompt tokens prefilled, tokens sampled."""
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int, seconds: float) -> None:
+        """A step ran the model on `num_seqs` sequences: prompt tokens prefilled, tokens sampled, and
+        the `seconds` its forward pass and sampling took (what each decoding sequence waited)."""
 
     def on_admitted(self, queue_time: float) -> None:
         """A request left the queue for the batch after `queue_time` seconds."""
@@ -43,7 +44,7 @@ class EngineObserver(Protocol):
 class NullObserver:
     """An observer that keeps nothing: the engine's default, so it never asks whether one listens."""
 
-    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int, seconds: float) -> None:
         pass
 
     def on_admitted(self, queue_time: float) -> None:

@@ -20,10 +20,17 @@ Eviction is least recently used, and a parent is always touched after its childr
 touched from its last block back to its first), so a block leaves only after every block that
 extends it: no chain is ever cut in the middle. A running request never needs a pool row after
 admission: its prefix is copied into its own slot then.
+
+Warm templates (the operator's frequent system prompts, prefilled at start) are pinned: never
+evicted, at most half the pool. They live in a scope of their own, `WARM_SCOPE`, which every
+lookup falls back to when its own scope holds less: every tenant reuses the operator's templates,
+and no tenant's own blocks ever hang off them (a sequence's blocks are stored in its own scope,
+template part included), so nothing a tenant sends reaches another through them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass
@@ -31,7 +38,10 @@ from typing import NamedTuple
 
 from models.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, scope_digest
 
+log = logging.getLogger("surge.engine")
+
 Key = tuple[object, tuple[int, ...]]  # (the scope or the parent's uid, the block's tokens)
+WARM_SCOPE = "\0warm"  # no API key's scope: those are "" or "key:..." (models/scheduler/sequence.py)
 
 
 @dataclass(slots=True)
@@ -49,6 +59,7 @@ class PrefixCacheStats(NamedTuple):
     evicted_blocks: int = 0
     used_bytes: int = 0
     capacity_bytes: int = 0
+    pinned_bytes: int = 0  # the warm templates' share of used_bytes
 
 
 class PrefixCache:
@@ -66,6 +77,7 @@ class PrefixCache:
         self.block_bytes = block_bytes  # K/V bytes of one block, for the figures
         self._by_key: dict[Key, _Block] = {}
         self._lru: OrderedDict[int, _Block] = OrderedDict()  # by uid, least recently used first
+        self._pinned: dict[int, _Block] = {}  # by uid: warm templates' blocks, never in _lru
         self._free = list(range(num_blocks - 1, -1, -1))  # low rows first: the pool grows only as used
         self._next_uid = 0
         self.queried_tokens = 0
@@ -75,11 +87,16 @@ class PrefixCache:
 
     @property
     def num_cached_blocks(self) -> int:
-        return len(self._lru)
+        return len(self._lru) + len(self._pinned)
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        return len(self._pinned)
 
     def stats(self) -> PrefixCacheStats:
-        used, capacity = len(self._lru) * self.block_bytes, self.num_blocks * self.block_bytes
-        return PrefixCacheStats(self.queried_tokens, self.hit_tokens, self.evicted_blocks, used, capacity)
+        used, capacity = self.num_cached_blocks * self.block_bytes, self.num_blocks * self.block_bytes
+        pinned = len(self._pinned) * self.block_bytes
+        return PrefixCacheStats(self.queried_tokens, self.hit_tokens, self.evicted_blocks, used, capacity, pinned)
 
     def _chain(self, scope: str, tokens: Seq[int], num_tokens: int) -> list[_Block]:
         """The cached blocks of tokens[:num_tokens], whole blocks only, first to last."""
@@ -94,24 +111,33 @@ class PrefixCache:
             parent = block.uid
         return blocks
 
+    def _reusable(self, scope: str, tokens: Seq[int], num_tokens: int) -> list[_Block]:
+        """The longer of the scope's own chain and a warm template's."""
+        blocks = self._chain(scope, tokens, num_tokens)
+        if self._pinned and scope != WARM_SCOPE:
+            warm = self._chain(WARM_SCOPE, tokens, num_tokens)
+            return warm if len(warm) > len(blocks) else blocks
+        return blocks
+
     def cached_length(self, scope: str, tokens: Seq[int], limit: int) -> int:
         """Tokens of the longest cached prefix within tokens[:limit], without touching it."""
-        return len(self._chain(scope, tokens, limit)) * self.block_size
+        return len(self._reusable(scope, tokens, limit)) * self.block_size
 
     def match(self, scope: str, tokens: Seq[int], limit: int) -> list[int]:
         """Pool rows of the longest cached prefix within tokens[:limit] (whole blocks), marked as
         just used; counts the tokens queried (`limit`) and hit."""
-        blocks = self._chain(scope, tokens, limit)
+        blocks = self._reusable(scope, tokens, limit)
         self._touch(blocks)
         self.queried_tokens += limit
         self.hit_tokens += len(blocks) * self.block_size
         return [block.row for block in blocks]
 
-    def insert(self, scope: str, tokens: Seq[int], num_tokens: int) -> tuple[int, list[int]]:
+    def insert(self, scope: str, tokens: Seq[int], num_tokens: int, pin: bool = False) -> tuple[int, list[int]]:
         """Keep the whole blocks of tokens[:num_tokens]. Returns (first, rows): the blocks from
         index `first` on are new and their K/V must be copied into `rows` of the pool. Makes room
         by evicting the least recently used blocks, never this chain's own; it keeps fewer blocks
-        than asked when the pool holds nothing else."""
+        than asked when the pool holds nothing else. `pin`: the new blocks are never evicted,
+        while the pinned ones stay within half the pool (past it they are kept as any other)."""
         chain = self._chain(scope, tokens, num_tokens)
         first = len(chain)
         size = self.block_size
@@ -132,6 +158,13 @@ class PrefixCache:
             rows.append(row)
             parent = block.uid
         self._touch(chain)
+        if pin:
+            for block in chain[first:]:
+                if len(self._pinned) >= self.num_blocks // 2:
+                    log.warning("warm templates fill half the prefix cache: the rest of them can be evicted")
+                    break
+                del self._lru[block.uid]
+                self._pinned[block.uid] = block
         if self._on_events is not None and rows:
             self._tell_stored(scope, chain[first:], chain[first - 1].uid if first else None)
         return first, rows
@@ -149,6 +182,7 @@ class PrefixCache:
         """Forget every block (the pool's contents can no longer be trusted)."""
         self._by_key.clear()
         self._lru.clear()
+        self._pinned.clear()  # the templates are no longer warm: their next use computes them again
         self._free = list(range(self.num_blocks - 1, -1, -1))
         if self._on_events is not None:
             self._on_events([AllBlocksCleared()])
@@ -176,7 +210,9 @@ class PrefixCache:
 
     def _touch(self, chain: list[_Block]) -> None:
         # Last block first, so each parent ends up more recent than its children.
-        lru = self._lru
+        lru, pinned = self._lru, self._pinned
         for block in reversed(chain):
+            if block.uid in pinned:
+                continue
             lru[block.uid] = block
             lru.move_to_end(block.uid)

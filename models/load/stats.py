@@ -37,8 +37,11 @@ class LoadSnapshot:
     # running sequences' tokens / (max_num_seqs * max_model_len); admitted by tokens: reserved / max_kv_tokens
     kv_usage: float
     num_waiting_tokens: int  # prompt tokens of waiting requests (every tier)
-    # Whether the shared figures (KV use) count for this tier: they are charged to the least important
-    # tier with requests in flight and the tiers below it (models/load/requests.py says why).
+    step_time_p90: float = 0.0  # seconds of the engine's steps over the window (MIN_STEPS of them at least)
+    memory_usage: float = 0.0  # 0..1: the container's (or machine's) memory, or the fullest GPU's
+    compute_usage: float = 0.0  # 0..1: the container's (or machine's) CPU, smoothed, or the busiest GPU
+    # Whether the shared figures (KV use, steps, memory, CPU) count for this tier: they are charged to
+    # the least important tier with requests in flight and the tiers below it (models/load/requests.py).
     bears_shared_load: bool = True
 
 
@@ -47,6 +50,10 @@ class LoadSnapshot:
 # (canned replies, no engine finishes to dilute the rate) for the whole window; circuit breakers
 # have the same floor (Hystrix's request volume threshold is 20 per 10 s).
 MIN_FINISHES_FOR_ERROR_RATE = 20
+
+# Steps a window needs before its step time counts: a lone slow step (the first of a new shape, a
+# garbage collection) is not a slow engine.
+MIN_STEPS = 16
 
 # How old a `window()` result may be. NOTE: it sorts every sample of the window (thousands under
 # load) and every request's admission asks for it, as does every 503 (its Retry-After): computed
@@ -87,6 +94,8 @@ class LoadStats:
         self._queue_times: dict[int, deque[tuple[float, float]]] = {}  # tier: (at, seconds)
         self._ttfts: dict[int, deque[tuple[float, float]]] = {}
         self._finishes: dict[int, deque[tuple[float, bool]]] = {}  # tier: (at, is_error)
+        self._steps: deque[tuple[float, float]] = deque(maxlen=max_events)  # (at, seconds), every tier's
+        self._step_p90: tuple[float, float] = (float("-inf"), 0.0)  # (computed at, p90)
 
     # NOTE: each record drops what has left the window, not only `window()`: a LoadStats nobody
     # reads grew without bound, three entries per request (found by the soak's tracemalloc dumps).
@@ -99,6 +108,26 @@ class LoadStats:
     def record_finish(self, is_error: bool, tier: int = 0) -> None:
         """A request ended; `is_error`: the server failed it (never the client's own mistake)."""
         self._record(self._finishes, tier, is_error)
+
+    def record_step(self, seconds: float) -> None:
+        """An engine step's forward pass and sampling took `seconds` (any thread)."""
+        now = self.clock()
+        with self._lock:
+            self._steps.append((now, seconds))
+            _drop_before(self._steps, now - self.window_seconds)
+
+    def step_time_p90(self) -> float:
+        """The p90 of the window's step times; 0 with fewer than MIN_STEPS steps in it (idle)."""
+        now = self.clock()
+        computed_at, p90 = self._step_p90
+        if 0.0 <= now - computed_at < self.max_age_seconds:
+            return p90
+        with self._lock:
+            _drop_before(self._steps, now - self.window_seconds)
+            times = [seconds for _, seconds in self._steps]
+        p90 = _p90(times) if len(times) >= MIN_STEPS else 0.0
+        self._step_p90 = (now, p90)
+        return p90
 
     def _record(self, windows: dict[int, deque[tuple[float, Any]]], tier: int, value: object) -> None:
         now = self.clock()

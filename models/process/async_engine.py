@@ -29,8 +29,10 @@ from models.engine.observer import NULL_OBSERVER, EngineObserver
 from models.engine.outputs import EngineDeadError, RequestOutput
 from models.grammar.compiler import GrammarCompiler
 from models.kv.prefix_cache import PrefixCacheStats
+from models.load.host import HostSampler
 from models.load.requests import RequestLoad, RequestTrack
 from models.load.stats import ALL_TIERS, LoadSnapshot
+from models.load.step_times import StepTimesObserver
 from models.loading.tokenizer import Tokenizer
 from models.process.parent import EngineProcess
 from models.process.spawn import SpawnedEngine
@@ -185,9 +187,11 @@ class AsyncEngine:
         groups: dict[str, RequestGroup],
         observer: EngineObserver = NULL_OBSERVER,
         grammars: GrammarCompiler | None = None,
+        load: RequestLoad | None = None,
     ) -> None:
         """`grammars`: the engine's own compiler when it runs in this process (a grammar checked
-        here is then compiled once, and found compiled when submitted)."""
+        here is then compiled once, and found compiled when submitted); `load`: the figures the
+        engine's observer (wrapped by `start`) records its step times into."""
         self.core = core
         self.tokenizer = tokenizer
         # The server's side of grammars: checks a request's grammar before it is submitted (an
@@ -198,7 +202,8 @@ class AsyncEngine:
         self.config = config
         self._groups = groups  # request id -> its group; shared with the publish callback
         self._ids = itertools.count()
-        self.load = RequestLoad()  # per request and tier, fed by the groups
+        self.load = load or RequestLoad()  # per request and tier, fed by the groups
+        self.host = HostSampler()
 
     @classmethod
     async def start(
@@ -212,12 +217,14 @@ class AsyncEngine:
         and wait until it is warm. `process_init` runs first in a child process (logging);
         `spawned` is a child process started earlier (models/process/spawn.py), adopted as is."""
         loop = asyncio.get_running_loop()
+        load = RequestLoad()
+        observer = StepTimesObserver(observer, load.stats)
         groups: dict[str, RequestGroup] = {}
         dispatch = functools.partial(_dispatch, groups)
         if config.separate_process or spawned is not None:
             process = EngineProcess(config, dispatch, observer, loop, process_init, spawned)
             tokenizer = await process.wait_started()
-            engine = cls(process, tokenizer, process.engine_config, groups, observer)
+            engine = cls(process, tokenizer, process.engine_config, groups, observer, load=load)
             await asyncio.to_thread(engine.grammars.prepare)
             return engine
         # Imported here, not at the top: with the engine in a child process this process never
@@ -246,7 +253,7 @@ class AsyncEngine:
             if core.dead is not None:
                 raise EngineDeadError(f"warmup failed: {core.dead!r}")
             await asyncio.sleep(0.02)
-        engine = cls(core, core.tokenizer, config, groups, observer, core.grammars)
+        engine = cls(core, core.tokenizer, config, groups, observer, core.grammars, load)
         await asyncio.to_thread(engine.grammars.prepare)
         return engine
 
@@ -293,6 +300,10 @@ class AsyncEngine:
         requests' samples; the shared figures if it bears them. ALL_TIERS: the whole server's."""
         core, load = self.core, self.load
         queue_time_p90, ttft_p90, error_rate = load.window(tier)
+        host = self.host.sample()
+        gpus = core.gpu_stats()  # where CUDA runs: its memory and busy share, not the host's
+        memory = max((used / total for _, used, total, _ in gpus if total), default=host.memory)
+        busy = max((ratio for *_, ratio in gpus if ratio is not None), default=host.cpu)
         return LoadSnapshot(
             num_waiting=core.num_waiting if tier is None else load.num_waiting(tier),
             num_running=core.num_running,
@@ -302,6 +313,9 @@ class AsyncEngine:
             error_rate=error_rate,
             kv_usage=core.kv_usage,
             num_waiting_tokens=core.num_waiting_tokens,
+            step_time_p90=load.stats.step_time_p90(),
+            memory_usage=memory,
+            compute_usage=busy,
             bears_shared_load=tier is None or load.bears_shared_load(tier),
         )
 

@@ -71,8 +71,8 @@ class RecordingObserver:
     def __init__(self) -> None:
         self.events: list[EngineEvent] = []
 
-    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
-        self.events.append(StepEvent(num_seqs, num_prompt_tokens, num_generated_tokens))
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int, seconds: float) -> None:
+        self.events.append(StepEvent(num_seqs, num_prompt_tokens, num_generated_tokens, seconds))
 
     def on_admitted(self, queue_time: float) -> None:
         self.events.append(AdmittedEvent(queue_time))

@@ -78,6 +78,7 @@ class StepEvent(NamedTuple):
     num_seqs: int
     num_prompt_tokens: int
     num_generated_tokens: int
+    seconds: float
 
 
 class AdmittedEvent(NamedTuple):

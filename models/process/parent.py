@@ -333,7 +333,7 @@ class EngineProcess:
             if isinstance(event, TokenGapsEvent):
                 observer.on_token_gaps(event.gaps)
             elif isinstance(event, StepEvent):
-                observer.on_step(event.num_seqs, event.num_prompt_tokens, event.num_generated_tokens)
+                observer.on_step(event.num_seqs, event.num_prompt_tokens, event.num_generated_tokens, event.seconds)
             elif isinstance(event, FirstTokenEvent):
                 observer.on_first_token(event.ttft)
             elif isinstance(event, AdmittedEvent):

@@ -15,8 +15,9 @@ log = logging.getLogger("surge.engine")
 
 _HAS_NVML = importlib.util.find_spec("pynvml") is not None
 
-# (device, bytes in use on it by all processes, busy ratio over NVML's last sample or None)
-GpuStat = tuple[str, int, float | None]
+# (device, bytes in use on it by all processes, its bytes in all, busy ratio over NVML's last
+# sample or None)
+GpuStat = tuple[str, int, int, float | None]
 
 
 def read_gpu_stats() -> list[GpuStat]:
@@ -33,7 +34,7 @@ def read_gpu_stats() -> list[GpuStat]:
         try:
             free, total = torch.cuda.mem_get_info(index)
             utilization = torch.cuda.utilization(index) / 100 if _HAS_NVML else None
-            stats.append((f"cuda:{index}", total - free, utilization))
+            stats.append((f"cuda:{index}", total - free, total, utilization))
         except Exception:
             log.debug("could not read GPU %d", index, exc_info=True)
     return stats

@@ -348,7 +348,10 @@ def _sample_nucleus(
         mass_above = torch.stack(
             [torch.threshold(weights[i], f, 0.0, out=scratch).sum() for i, f in zip(pending, floors, strict=True)]
         )
-        is_outside = (mass_above >= threshold[pending]).tolist()
+        # Nothing above it: the most probable token, always in the nucleus, even where top_p is
+        # so small that it is 0 in float32 (a threshold of 0 rejected it, and the redraw from an
+        # empty "above" indexed past the vocabulary).
+        is_outside = ((mass_above >= threshold[pending]) & (mass_above > 0)).tolist()
         rejected = [(i, f) for i, f, outside in zip(pending, floors, is_outside, strict=True) if outside]
         if not rejected:
             return tokens

@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from models.config import SchedulerConfig
-from models.kv.prefix_cache import PrefixCache
+from models.kv.prefix_cache import WARM_SCOPE, PrefixCache
 from models.sampling.params import SamplingParams
 from models.scheduler.fair_shares import FairShares
 from models.scheduler.sequence import FinishReason, Sequence, SequenceStatus
@@ -272,10 +272,13 @@ class Scheduler:
         if cache is None or seq.slot < 0:
             return
         num_tokens = seq.num_computed_tokens
+        is_warm = seq.prefix_scope == WARM_SCOPE  # a warm template: its prompt only, pinned
+        if is_warm:
+            num_tokens = min(num_tokens, seq.num_prompt_tokens)
         tokens = (
             seq.prompt_token_ids if num_tokens <= seq.num_prompt_tokens else seq.prompt_token_ids + seq.output_token_ids
         )
-        first, rows = cache.insert(seq.prefix_scope, tokens, num_tokens)
+        first, rows = cache.insert(seq.prefix_scope, tokens, num_tokens, pin=is_warm)
         if rows:
             self._pending_moves.append(BlockCopy(seq.slot, first, rows))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from models.kv.prefix_cache import WARM_SCOPE
 from models.sampling.params import SamplingParams
 
 
@@ -33,8 +34,9 @@ class FinishReason(str, enum.Enum):
 
 def cache_scope_of(share: str) -> str:
     """The cache scope of a queue share: an API key's requests reuse only that key's cached
-    prefixes and grammars; without keys there are no tenants to keep apart, and any may reuse any."""
-    return share if share.startswith("key:") else ""
+    prefixes and grammars; without keys there are no tenants to keep apart, and any may reuse any.
+    The warm templates' share (no request's: the server submits them at start) is their scope."""
+    return share if share.startswith("key:") or share == WARM_SCOPE else ""
 
 
 @dataclass(eq=False, slots=True)

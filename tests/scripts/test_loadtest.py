@@ -1,10 +1,10 @@
 """The load tester end to end against a live tiny surge: `python -m scripts.loadtest` and
-`scripts.loadtest.cli.main` in both loop modes, the table, the PNG, dedup hits, errors by status; and the
-locustfile where Locust is installed."""
+`scripts.loadtest.cli.main` in both loop modes, the table, the PNG, dedup hits, errors by status; and
+Locust running scripts/locustfile.py."""
 
 from __future__ import annotations
 
-import importlib.util
+import csv as csv_module
 import os
 import subprocess
 import sys
@@ -127,14 +127,26 @@ def test_loadtest_counts_429s_by_status(tiny_model_dir: Path, tmp_path: Path) ->
     assert "rate-limited (429) " in proc.stdout
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("locust") is None, reason="locust is not installed (not a test dependency)"
-)
-def test_locustfile_imports_and_defines_a_user() -> None:
+def test_locust_runs_a_short_fixed_profile_with_ttft_and_e2e_rows(live: LiveServer, tmp_path: Path) -> None:
+    """Locust itself, headless, 4 users for 6 s: its CSV has the POST, TTFT and E2E rows of the
+    requests, none failed, and the E2E row counts the tokens the streams' usage reported."""
+    csv = tmp_path / "run"
+    argv = ["-f", "scripts/locustfile.py", "--host", live.url, "--headless", "-u", "4", "-r", "4", "-t", "6s"]
+    argv += ["--csv", str(csv), "--only-summary", "--loglevel", "WARNING"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SURGE_")}
     # A subprocess: importing locust monkey-patches the standard library with gevent.
-    code = (
-        "import runpy; ns = runpy.run_path('scripts/locustfile.py'); "
-        "user = ns['ChatUser']; assert callable(user.stream_chat) and user.wait_time; print('ok')"
+    proc = subprocess.run(
+        [sys.executable, "-m", "locust", *argv], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=90
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with (tmp_path / "run_stats.csv").open() as stats:
+        rows = {(row["Type"], row["Name"]): row for row in csv_module.DictReader(stats)}
+    kinds = {kind for kind, name in rows if name == "chat (stream)"}
+    assert kinds == {"POST", "TTFT", "E2E"}, rows.keys()
+    count = {kind: int(rows[(kind, "chat (stream)")]["Request Count"]) for kind in kinds}
+    # A stream cut by the run's end has fired its TTFT row only: at most one per user.
+    assert count["POST"] >= 4 and count["E2E"] == count["POST"] <= count["TTFT"] <= count["POST"] + 4, count
+    assert all(int(row["Failure Count"]) == 0 for row in rows.values()), rows
+    e2e, ttft = rows[("E2E", "chat (stream)")], rows[("TTFT", "chat (stream)")]
+    assert 0 < float(ttft["Median Response Time"]) <= float(e2e["Median Response Time"])
+    assert float(e2e["Average Content Size"]) >= 16  # max_tokens 16..128, the tiny model rarely stops early

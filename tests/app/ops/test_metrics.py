@@ -32,6 +32,7 @@ GAUGES = [
     "surge_max_num_seqs",
     "surge_kv_cache_budget_bytes",
     "surge_degradation_level",
+    "surge_degradation_signal_ratio",
     "surge_prefix_cache_used_bytes",
     "surge_prefix_cache_capacity_bytes",
 ]
@@ -41,6 +42,7 @@ HISTOGRAMS = [
     "surge_e2e_request_latency_seconds",
     "surge_queue_time_seconds",
     "surge_batch_size",
+    "surge_engine_step_seconds",
     "surge_grammar_mask_seconds",
     "surge_grammar_compile_seconds",
 ]
@@ -159,6 +161,8 @@ def test_token_and_finish_counters_follow_requests(live: LiveServer) -> None:
     assert delta("surge_e2e_request_latency_seconds_count") == 1
     assert delta("surge_queue_time_seconds_count") == 1
     assert delta("surge_batch_size_count") >= 5
+    assert delta("surge_engine_step_seconds_count") == delta("surge_batch_size_count")  # one per step
+    assert delta("surge_engine_step_seconds_sum") > 0
 
 
 def test_constrained_requests_compile_once_and_mask_every_step(live: LiveServer) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from middleware.admission.degradation import DegradationConfig, Degrader, TierLevels, load_score
+from middleware.admission.degradation import DegradationConfig, Degrader, TierLevels, load_score, load_signals
 from models.load.stats import LoadSnapshot
 
 
@@ -125,6 +127,83 @@ def test_a_low_tiers_load_never_degrades_a_more_important_tier() -> None:
 
 def test_the_kv_cache_counts_only_for_the_tier_that_bears_the_shared_load() -> None:
     config = DegradationConfig()
-    snap = LoadSnapshot(0, 4, 4, 0.0, 0.0, 0.0, kv_usage=1.0, num_waiting_tokens=0)
-    assert load_score(snap, config) == 1.0
+    snap = LoadSnapshot(0, 4, 4, 0.0, 0.0, 0.0, kv_usage=0.9, num_waiting_tokens=0)
+    assert load_score(snap, config) == pytest.approx(1.0)  # at its bound: 90% of the pool
     assert load_score(LoadSnapshot(0, 4, 4, 0.0, 0.0, 0.0, 1.0, 0, bears_shared_load=False), config) == 0.0
+
+
+def test_a_level_closes_only_below_its_threshold_less_the_hysteresis() -> None:
+    """A score hovering just under a threshold must not flap the level: level 1 (threshold 1.0)
+    stays while the score is above 0.8, and closes a cooldown after it falls below."""
+    degrader, clock, score = make(cooldown=10.0)
+    score[0] = 1.0
+    assert degrader.level() == 1
+    score[0] = 0.85  # under the threshold, inside the band
+    for clock.now in (5.0, 15.0, 30.0):
+        assert degrader.level() == 1
+    score[0] = 0.79
+    assert degrader.level() == 1  # calm starts now
+    clock.now = 40.0
+    assert degrader.level() == 0
+    flapping = [1.0]
+    without = Degrader(
+        DegradationConfig(cooldown_seconds=10.0, refresh_seconds=0.0, hysteresis=0.0), lambda: flapping[0], clock
+    )
+    assert without.level() == 1
+    flapping[0] = 0.85  # with no band, just under the threshold is calm enough
+    assert without.level() == 1
+    clock.now = 50.0
+    assert without.level() == 0
+
+
+ENGINE_SNAPSHOT = LoadSnapshot(
+    num_waiting=0,
+    num_running=4,
+    max_num_seqs=4,
+    queue_time_p90=0.0,
+    ttft_p90=0.0,
+    error_rate=0.0,
+    kv_usage=0.45,
+    num_waiting_tokens=0,
+    step_time_p90=0.5,
+    memory_usage=0.72,
+    compute_usage=0.99,
+)
+
+
+def test_the_engines_signals_are_ratios_to_their_bounds() -> None:
+    config = DegradationConfig(step_seconds=0.25, kv_usage=0.9, memory_usage=0.9, compute_usage=0.9)
+    signals = load_signals(ENGINE_SNAPSHOT, config)
+    assert signals["step_time"] == pytest.approx(2.0) and signals["kv_usage"] == pytest.approx(0.5)
+    assert signals["memory"] == pytest.approx(0.8) and signals["compute"] == pytest.approx(1.1)
+    assert load_score(ENGINE_SNAPSHOT, config) == pytest.approx(2.0)  # a 500 ms step: level 2
+    assert set(signals) == {
+        "queue_depth",
+        "queue_time",
+        "ttft",
+        "error_rate",
+        "step_time",
+        "kv_usage",
+        "memory",
+        "compute",
+    }
+
+
+def test_a_bound_of_zero_turns_a_signal_off_and_compute_is_off_by_default() -> None:
+    assert load_signals(ENGINE_SNAPSHOT, DegradationConfig())["compute"] == 0.0
+    off = DegradationConfig(step_seconds=0, kv_usage=0, memory_usage=0)
+    assert load_score(ENGINE_SNAPSHOT, off) == 0.0
+
+
+def test_the_engines_signals_count_only_for_the_tier_that_bears_the_shared_load() -> None:
+    config = DegradationConfig(compute_usage=0.9)
+    spared = dataclasses.replace(ENGINE_SNAPSHOT, bears_shared_load=False)
+    assert load_score(spared, config) == 0.0
+
+
+@pytest.mark.parametrize(
+    "bad", [{"step_seconds": -0.1}, {"memory_usage": -1.0}, {"hysteresis": 1.0}, {"hysteresis": -0.1}]
+)
+def test_bad_engine_bounds_are_rejected(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        DegradationConfig(**bad)  # type: ignore[arg-type]

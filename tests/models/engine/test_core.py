@@ -302,7 +302,7 @@ class RecordingObserver:
         self.compile_seconds: list[float] = []
         self.kv_events: list[KvEvent] = []
 
-    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int, seconds: float) -> None:
         self.num_seqs.append(num_seqs)
         self.num_prompt_tokens += num_prompt_tokens
         self.num_generated_tokens += num_generated_tokens

@@ -189,5 +189,5 @@ class PromptTokens(NullObserver):
     def __init__(self) -> None:
         self.num_prompt_tokens = 0
 
-    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int) -> None:
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int, seconds: float) -> None:
         self.num_prompt_tokens += num_prompt_tokens

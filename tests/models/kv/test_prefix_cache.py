@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from models.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, scope_digest
-from models.kv.prefix_cache import PrefixCache
+from models.kv.prefix_cache import WARM_SCOPE, PrefixCache
 
 
 def test_a_prompt_matches_its_longest_cached_prefix_in_whole_blocks() -> None:
@@ -97,3 +97,39 @@ def test_no_events_are_kept_without_a_listener() -> None:
     cache = PrefixCache(num_blocks=2, block_size=2)
     cache.insert("", [1, 2, 3, 4], 4)
     assert cache.num_cached_blocks == 2
+
+
+def test_warm_templates_are_pinned_shared_by_every_scope_and_capped_at_half_the_pool() -> None:
+    cache = PrefixCache(num_blocks=8, block_size=4)
+    template = list(range(100, 120))  # 5 blocks: only 4 may be pinned
+    assert cache.insert(WARM_SCOPE, template, 20, pin=True) == (0, [0, 1, 2, 3, 4])
+    assert cache.num_pinned_blocks == 4 and cache.num_cached_blocks == 5
+    assert cache.stats().pinned_bytes == 0  # no block size in bytes given
+    for scope in ("", "key:a", "key:b"):
+        assert cache.match(scope, [*template[:16], 1, 2, 3, 4], 20) == [0, 1, 2, 3]
+    for i in range(6):  # other prompts fill the pool and evict each other, and the unpinned fifth block
+        cache.insert("key:a", list(range(1000 * i, 1000 * i + 8)), 8)
+    assert cache.match("key:b", template, 20) == [0, 1, 2, 3]
+    assert cache.evicted_blocks > 0
+
+
+def test_a_scopes_own_continuation_of_a_template_stays_its_own() -> None:
+    """A tenant's blocks never hang off the shared template chain: its continuation is stored
+    under its own scope (the template's tokens copied there too), so no other scope reaches it."""
+    cache = PrefixCache(num_blocks=16, block_size=4)
+    template = list(range(100, 108))
+    cache.insert(WARM_SCOPE, template, 8, pin=True)
+    conversation = [*template, 7, 7, 7, 7, 8, 8, 8, 8]
+    assert cache.match("key:a", conversation, 16) == [0, 1]  # the template's rows
+    first, rows = cache.insert("key:a", conversation, 16)
+    assert (first, len(rows)) == (0, 4)  # all of it, in key:a's own scope
+    assert len(cache.match("key:a", conversation, 16)) == 4
+    assert cache.match("key:b", conversation, 16) == [0, 1]
+
+
+def test_clearing_unpins() -> None:
+    cache = PrefixCache(num_blocks=8, block_size=4)
+    cache.insert(WARM_SCOPE, list(range(8)), 8, pin=True)
+    cache.clear()
+    assert cache.num_pinned_blocks == cache.num_cached_blocks == 0
+    assert cache.match("", list(range(8)), 8) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.load.stats import MIN_FINISHES_FOR_ERROR_RATE, LoadStats
+from models.load.stats import MIN_FINISHES_FOR_ERROR_RATE, MIN_STEPS, LoadStats
 
 
 class Clock:
@@ -97,3 +97,18 @@ def test_requests_still_waiting_count_with_their_wait_so_far() -> None:
     clock.now = 10.0
     assert stats.window(0, lambda: [1.0])[0] == 9.0  # waiting since t=1: nothing admitted yet, still load
     assert stats.window(0)[0] == 0.0
+
+
+def test_the_step_time_is_the_windows_p90_once_enough_steps_ran_and_fades_when_idle() -> None:
+    clock = Clock()
+    stats = LoadStats(window_seconds=30.0, clock=clock, max_age_seconds=0.0)
+    for _ in range(MIN_STEPS - 1):
+        stats.record_step(0.3)
+    assert stats.step_time_p90() == 0.0  # too few steps: one slow start is not a slow engine
+    stats.record_step(0.3)
+    assert stats.step_time_p90() == pytest.approx(0.3)
+    for _ in range(10 * MIN_STEPS):
+        stats.record_step(0.01)
+    assert stats.step_time_p90() == pytest.approx(0.01)  # under a tenth slow: the p90 is a fast step
+    clock.now = 31.0  # idle since: no step in the window
+    assert stats.step_time_p90() == 0.0

@@ -242,8 +242,8 @@ async def test_gpu_figures_come_from_the_engine_process(observed: tuple[AsyncEng
     core = child_of(engine)
     assert core.gpu_stats() == []  # on the CPU the child reads none and sends none
     # What a child on CUDA sends about once a second (models/runner/gpu.py reads it there).
-    core._handle(GpuReport([("cuda:0", 123_456, 0.25)]))
-    assert core.gpu_stats() == [("cuda:0", 123_456, 0.25)]
+    core._handle(GpuReport([("cuda:0", 123_456, 80 << 30, 0.25)]))
+    assert core.gpu_stats() == [("cuda:0", 123_456, 80 << 30, 0.25)]
     core._gpu_stats = []
 
 

@@ -190,10 +190,13 @@ def test_top_k_one_is_greedy() -> None:
     assert result.token_ids == logits.argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("top_p", [1e-6, 7.66e-125])  # the second is 0 in float32
 @pytest.mark.parametrize("top_k", [0, 50])
-def test_tiny_top_p_is_greedy(top_k: int) -> None:
+def test_tiny_top_p_is_greedy(top_k: int, top_p: float) -> None:
+    """Found by the API fuzzer: top_p 7.66e-125 (0 in float32) rejected even the most probable
+    token and redrew from nothing, indexing past the vocabulary: a 500."""
     logits = random_logits(16, 400, seed=5)
-    result = sample(logits, [row(temperature=1.5, top_p=1e-6, top_k=top_k) for _ in range(16)])
+    result = sample(logits, [row(temperature=1.5, top_p=top_p, top_k=top_k) for _ in range(16)])
     assert result.token_ids == logits.argmax(-1).tolist()
 
 

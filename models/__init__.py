@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     )
     from models.grammar.json_schema import SchemaTooComplex as SchemaTooComplex, check_bounds as check_bounds
     from models.kv.events import BlockRemoved as BlockRemoved, BlockStored as BlockStored, KvEvent as KvEvent
-    from models.kv.prefix_cache import WARM_SCOPE as WARM_SCOPE, PrefixCacheStats as PrefixCacheStats
+    from models.kv.prefix_cache import PrefixCacheStats as PrefixCacheStats
     from models.load.stats import LoadSnapshot as LoadSnapshot
     from models.loading.hub import is_repo_id as is_repo_id
     from models.loading.tiny import build_tiny as build_tiny
@@ -54,7 +54,11 @@ if TYPE_CHECKING:
         MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS,
         SamplingParams as SamplingParams,
     )
-    from models.scheduler.sequence import FinishReason as FinishReason, cache_scope_of as cache_scope_of
+    from models.scheduler.sequence import (
+        WARM_SCOPE as WARM_SCOPE,
+        FinishReason as FinishReason,
+        cache_scope_of as cache_scope_of,
+    )
 
 # Each name of the face, and the module that defines it.
 FACE: dict[str, str] = {
@@ -78,7 +82,7 @@ FACE: dict[str, str] = {
     "BlockStored": "models.kv.events",
     "BlockRemoved": "models.kv.events",
     "KvEvent": "models.kv.events",
-    "WARM_SCOPE": "models.kv.prefix_cache",
+    "WARM_SCOPE": "models.scheduler.sequence",
     "LoadSnapshot": "models.load.stats",
     "is_repo_id": "models.loading.hub",
     "build_tiny": "models.loading.tiny",

@@ -37,6 +37,10 @@ class SchedulerConfig:
     # block where they part.
     prefix_caching: bool = True
     prefix_cache_block_size: int = 16
+    # A waiting sequence of a more important tier takes the slot of a running one of a less
+    # important tier when the batch (or the K/V budget) is full; the preempted one resumes later,
+    # from its prompt and what it had generated (the prefix cache holds most of it).
+    preemption: bool = True
     # Tell the engine's observer every block the prefix cache stores and evicts (vLLM's KV events,
     # models/kv/events.py), for a server that publishes them to routers. Off: not even counted.
     kv_events: bool = False

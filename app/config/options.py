@@ -81,6 +81,13 @@ OPTIONS: tuple[Option, ...] = (
         choices=("on", "off"),
     ),
     Option(
+        "preemption",
+        str,
+        "a waiting request of a more important tier takes a running one's slot of a less important tier"
+        " when the batch is full; the preempted one resumes later, its client sees a pause",
+        choices=("on", "off"),
+    ),
+    Option(
         "kv_events_endpoint",
         str,
         "publish the prefix cache's block events (vLLM's KV events, for prefix-aware routers) on a ZeroMQ PUB"

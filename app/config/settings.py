@@ -47,6 +47,7 @@ class Settings:
     max_prompt_chunk_while_decoding: int = _SCHEDULER.max_prompt_chunk_while_decoding
     max_model_len: int = _SCHEDULER.max_model_len
     prefix_caching: str = "on" if _SCHEDULER.prefix_caching else "off"
+    preemption: str = "on" if _SCHEDULER.preemption else "off"
     kv_events_endpoint: str = ""
     kv_events_topic: str = ""
     kv_events_format: str = "map"
@@ -200,6 +201,8 @@ class Settings:
             raise ValueError("json_schema_objects must be closed or open")
         if self.prefix_caching not in ("on", "off"):
             raise ValueError("prefix_caching must be on or off")
+        if self.preemption not in ("on", "off"):
+            raise ValueError("preemption must be on or off")
         if self.kv_events_endpoint:
             if not self.kv_events_endpoint.startswith(("tcp://", "ipc://", "inproc://")):
                 raise ValueError("kv_events_endpoint must be a ZeroMQ address: tcp://..., ipc://... or inproc://...")
@@ -227,6 +230,7 @@ class Settings:
                 self.max_queue_seconds,
                 max_prompt_chunk_while_decoding=self.max_prompt_chunk_while_decoding,
                 prefix_caching=self.prefix_caching == "on",
+                preemption=self.preemption == "on",
                 kv_events=bool(self.kv_events_endpoint),
                 prefix_cache_bytes=cache_bytes,
                 prefix_cache_share=cache_share,

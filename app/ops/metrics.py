@@ -152,6 +152,12 @@ class ServerCollector(Collector):
             "Sequences aborted because their client went away.",
             core.num_aborted if core is not None else 0,
         )
+        yield counter(
+            "surge_requests_preempted",
+            "Running sequences sent back to the queue for a more important tier's (--preemption): each resumes"
+            " later from its prompt and what it had generated.",
+            core.num_preempted if core is not None else 0,
+        )
         limited = CounterMetricFamily(
             "surge_rate_limited_requests",
             "Requests refused with 429, by bucket (concurrency: the key's sequences in flight; queue_share: its"

@@ -49,8 +49,8 @@ log = logging.getLogger("surge.engine")
 Publish = Callable[[list[RequestOutput]], None]
 
 
-def _nothing(*_: object) -> None:
-    """No iteration hook; no publishing (warmup)."""
+def _nothing(*_: object) -> None:  # no iteration hook; no publishing (warmup)
+    return None
 
 
 class EngineCore:
@@ -66,8 +66,7 @@ class EngineCore:
         self.config = config
         self.clock = clock
         self.observer = observer  # metrics
-        # Called on the engine thread after warmup and after every loop iteration (inbox drained,
-        # step run): the engine process ships that iteration's outputs and figures from here.
+        # On the engine thread after warmup and each loop iteration: the engine process ships from here.
         self._on_iteration = on_iteration
         self._deadline = QueueDeadline(config.max_queue_seconds)
         self.kv_usage = 0.0
@@ -109,27 +108,27 @@ class EngineCore:
         priority: int = 0,
         arrival_time: float | None = None,
         share: str = "",
+        tier: int = 0,
     ) -> None:
-        """`arrival_time` (engine clock): when the request arrived, if earlier than now; `share`:
-        whose share of the queue it takes (models/scheduler/fair_shares.py). Called from any thread; a
-        grammar not compiled yet is compiled on the compiler's threads (models/engine/intake.py)."""
+        """`arrival_time` (engine clock): when the request arrived, if earlier than now; `share`: whose
+        share of the queue it takes (models/scheduler/fair_shares.py); `tier`: whose slot it may take
+        (models/scheduler/preemption.py). Called from any thread; a grammar not compiled yet is
+        compiled on the compiler's threads (models/engine/intake.py)."""
         if self.dead is not None:
             raise EngineDeadError(ENGINE_STOPPED)
         arrived = self.clock() if arrival_time is None else arrival_time
-        seq = Sequence(request_id, list(prompt_token_ids), params, priority, share=share, arrival_time=arrived)
+        seq = Sequence(request_id, list(prompt_token_ids), params, priority, share, tier, arrival_time=arrived)
         request = EngineRequest.build(seq, self.tokenizer, self.runner.device)
         self._inbox.add(request)
 
     def abort_request(self, request_id: str) -> None:
         self._inbox.abort(request_id)
 
-    def start(self) -> None:
-        """Run the loop on a background thread of this process."""
+    def start(self) -> None:  # the loop, on a background thread of this process
         self._thread = threading.Thread(target=self.run, name="surge-engine", daemon=True)
         self._thread.start()
 
-    def adopt_current_thread(self) -> None:
-        """The calling thread is the loop's: it calls `run` next (models/engine/own_thread.py)."""
+    def adopt_current_thread(self) -> None:  # it calls `run` next (models/engine/own_thread.py)
         self._thread = threading.current_thread()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -144,9 +143,12 @@ class EngineCore:
         return self.dead is None and self._thread.is_alive()
 
     @property
-    def num_waiting(self) -> int:
-        """Requests not yet running: the scheduler's queue plus those still in the inbox."""
+    def num_waiting(self) -> int:  # not yet running: the scheduler's queue and the inbox
         return self.scheduler.num_waiting + self._inbox.num_requests
+
+    @property
+    def num_preempted(self) -> int:
+        return self.scheduler.num_preempted
 
     @property
     def num_running(self) -> int:
@@ -172,9 +174,8 @@ class EngineCore:
         try:
             self._warmup()
             self.scheduler.prefix_cache = start_prefix_cache(self.config, self.runner, self.observer.on_kv_events)
-            # Everything alive now (torch, transformers, the weights' Python objects) lives as long
-            # as the process: out of the collector's sight, a full collection no longer walks
-            # millions of objects in the middle of a step.
+            # Everything alive now lives as long as the process: out of the collector's sight, a full
+            # collection no longer walks millions of objects in the middle of a step.
             gc.collect()
             gc.freeze()
             self.is_warm = True
@@ -304,7 +305,7 @@ class EngineCore:
         """Queue times of the sequences this step admits, and the KV use of the batch it runs."""
         now = self.clock()
         for chunk in plan.prefills:
-            if chunk.start == chunk.seq.num_cached_tokens:  # its first chunk: admitted this step
+            if chunk.start == chunk.seq.num_cached_tokens and not chunk.seq.num_preemptions:  # admitted now
                 chunk.seq.queue_time = now - chunk.seq.arrival_time
                 self.observer.on_admitted(chunk.seq.queue_time)
         self.kv_usage = self.scheduler.kv_usage()
@@ -352,8 +353,7 @@ class EngineCore:
         self._finished(seq, reason)
 
     def _finished(self, seq: Sequence, reason: FinishReason) -> None:
-        """The engine's side of a request's end: forget it, count it, settle the KV figure. (The
-        load figures count requests, not sequences: the server records them, models/load/requests.py.)"""
+        """The engine's side of a request's end: forget it, count it, settle the KV figure."""
         self._requests.pop(seq.request_id, None)
         self._settle_kv_usage()
         self.observer.on_finish(reason, self.clock() - seq.arrival_time)

@@ -9,6 +9,7 @@ from models.config import SchedulerConfig
 from models.kv.events import KvEvent
 from models.kv.prefix_cache import PrefixCache
 from models.runner.protocol import Runner
+from models.scheduler.sequence import WARM_SCOPE
 
 log = logging.getLogger("surge.engine")
 
@@ -33,4 +34,4 @@ def start_prefix_cache(
         return None
     runner.kv_pool(block, rows)
     log.info("prefix caching on: up to %d blocks of %d tokens, %.1f MiB", rows, block, rows * row_bytes / 2**20)
-    return PrefixCache(rows, block, row_bytes, on_events if config.kv_events else None)
+    return PrefixCache(rows, block, row_bytes, on_events if config.kv_events else None, shared_scope=WARM_SCOPE)

@@ -22,7 +22,7 @@ extends it: no chain is ever cut in the middle. A running request never needs a 
 admission: its prefix is copied into its own slot then.
 
 Warm templates (the operator's frequent system prompts, prefilled at start) are pinned: never
-evicted, at most half the pool. They live in a scope of their own, `WARM_SCOPE`, which every
+evicted, at most half the pool. They live in a scope of their own, `shared_scope`, which every
 lookup falls back to when its own scope holds less: every tenant reuses the operator's templates,
 and no tenant's own blocks ever hang off them (a sequence's blocks are stored in its own scope,
 template part included), so nothing a tenant sends reaches another through them.
@@ -41,7 +41,6 @@ from models.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEven
 log = logging.getLogger("surge.engine")
 
 Key = tuple[object, tuple[int, ...]]  # (the scope or the parent's uid, the block's tokens)
-WARM_SCOPE = "\0warm"  # no API key's scope: those are "" or "key:..." (models/scheduler/sequence.py)
 
 
 @dataclass(slots=True)
@@ -69,7 +68,9 @@ class PrefixCache:
         block_size: int,
         block_bytes: int = 0,
         on_events: Callable[[list[KvEvent]], None] | None = None,
+        shared_scope: str | None = None,
     ) -> None:
+        """`shared_scope`: the warm templates' scope, which every lookup may reuse (None: none)."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("a prefix cache needs at least one block of at least one token")
         self.num_blocks = num_blocks
@@ -84,6 +85,7 @@ class PrefixCache:
         self.hit_tokens = 0
         self.evicted_blocks = 0
         self._on_events = on_events
+        self.shared_scope = shared_scope
 
     @property
     def num_cached_blocks(self) -> int:
@@ -114,8 +116,8 @@ class PrefixCache:
     def _reusable(self, scope: str, tokens: Seq[int], num_tokens: int) -> list[_Block]:
         """The longer of the scope's own chain and a warm template's."""
         blocks = self._chain(scope, tokens, num_tokens)
-        if self._pinned and scope != WARM_SCOPE:
-            warm = self._chain(WARM_SCOPE, tokens, num_tokens)
+        if self._pinned and self.shared_scope is not None and scope != self.shared_scope:
+            warm = self._chain(self.shared_scope, tokens, num_tokens)
             return warm if len(warm) > len(blocks) else blocks
         return blocks
 

@@ -76,6 +76,7 @@ def pack_linears(model: nn.Module, rows_hint: int, min_speedup: float | None = N
     if speedup < (MIN_SPEEDUP if min_speedup is None else min_speedup):
         log.info("linear layers: MKL (oneDNN packed %.2fx on the probe layer)", speedup)
         return 0
+    del probe  # one reference fewer: each layer's float weight goes as soon as it is packed
     count = swap_linears(linears, lambda linear: PackedLinear(linear, rows_hint))
     log.info("linear layers: oneDNN with packed weights (%d layers, %.2fx MKL on the probe layer)", count, speedup)
     return count

@@ -160,6 +160,8 @@ class EngineHandle(Protocol):
     @property
     def num_aborted(self) -> int: ...
     @property
+    def num_preempted(self) -> int: ...
+    @property
     def num_steps(self) -> int: ...
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats: ...
@@ -172,6 +174,7 @@ class EngineHandle(Protocol):
         priority: int = 0,
         arrival_time: float | None = None,
         share: str = "",
+        tier: int = 0,
     ) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
     def stop(self, timeout: float = 10.0) -> None: ...
@@ -286,7 +289,7 @@ class AsyncEngine:
         try:
             for sub_id, (prompt_token_ids, params) in zip(ids, sequences, strict=True):
                 self._groups[sub_id] = group
-                self.core.add_request(sub_id, prompt_token_ids, params, priority, share=share)
+                self.core.add_request(sub_id, prompt_token_ids, params, priority, share=share, tier=tier)
         except BaseException:
             group.close()  # what was sent is aborted; the load figures forget the request
             raise

@@ -131,6 +131,7 @@ class _Outbox:
             core.num_running,
             core.kv_usage,
             core.num_aborted,
+            core.num_preempted,
             core.num_steps,
             num_received,
             core.prefix_cache_stats,
@@ -207,6 +208,7 @@ def _receive(requests: Connection, core: EngineCore, outbox: _Outbox) -> None:
                             request.priority,
                             request.arrival_time,
                             share=request.share,
+                            tier=request.tier,
                         )
                     except Exception as exc:  # the loop died; the server fails the request on Died
                         log.warning("request %s refused: %s", request.request_id, exc)

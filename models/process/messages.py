@@ -37,6 +37,7 @@ class NewRequest(NamedTuple):
     priority: int
     arrival_time: float  # time.monotonic(), one clock for both processes
     share: str  # whose share of the queue it takes (models/scheduler/fair_shares.py)
+    tier: int  # whose running sequences it may preempt (models/scheduler/preemption.py)
 
 
 class AddRequests(NamedTuple):
@@ -65,12 +66,13 @@ class EngineStats(NamedTuple):
     num_running: int
     kv_usage: float
     num_aborted: int
+    num_preempted: int
     num_steps: int
     num_received: int  # requests taken off the pipe (the server counts what it sent)
     prefix_cache: PrefixCacheStats = PrefixCacheStats()
 
 
-IDLE_STATS = EngineStats(False, 0, 0, 0, 0.0, 0, 0, 0)
+IDLE_STATS = EngineStats(False, 0, 0, 0, 0.0, 0, 0, 0, 0)
 
 
 # Observer events (models/engine/observer.py), recorded in the child and replayed into the server's metrics.

@@ -144,12 +144,13 @@ class EngineProcess:
         priority: int = 0,
         arrival_time: float | None = None,
         share: str = "",
+        tier: int = 0,
     ) -> None:
         if self.dead is not None:
             raise EngineDeadError(ENGINE_STOPPED)
         arrived = time.monotonic() if arrival_time is None else arrival_time  # one clock for both processes
         with self._send_lock:
-            self._adds.append(NewRequest(request_id, prompt_token_ids, params, priority, arrived, share))
+            self._adds.append(NewRequest(request_id, prompt_token_ids, params, priority, arrived, share, tier))
             first = len(self._adds) == 1
         if first:
             if threading.get_ident() == self._loop_thread:
@@ -216,6 +217,10 @@ class EngineProcess:
     @property
     def num_aborted(self) -> int:
         return self._stats.num_aborted
+
+    @property
+    def num_preempted(self) -> int:
+        return self._stats.num_preempted
 
     @property
     def num_steps(self) -> int:

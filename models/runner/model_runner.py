@@ -159,7 +159,7 @@ class ModelRunner:
         for chunk in chunks:
             start, end, slot = chunk.start, chunk.start + chunk.num_tokens, chunk.seq.slot
             groups.append(ChunkRows(len(input_ids), chunk.num_tokens, slot))
-            input_ids += chunk.seq.prompt_token_ids[start:end]
+            input_ids += chunk.seq.prefill_token_ids[start:end]
             span = range(start, end)
             positions += span
             write_pos += span
@@ -224,7 +224,7 @@ class ModelRunner:
         for chunk in chunks:
             pad = width - chunk.num_tokens
             end = chunk.start + chunk.num_tokens
-            input_ids.append([0] * pad + chunk.seq.prompt_token_ids[chunk.start : end])
+            input_ids.append([0] * pad + chunk.seq.prefill_token_ids[chunk.start : end])
             real = list(range(chunk.start, end))
             positions.append([0] * pad + real)
             write_pos.append([scratch] * pad + real)

@@ -38,6 +38,6 @@ class QueueDeadline:
         expired = []
         while arrivals and arrivals[0].arrival_time < cutoff:
             seq = arrivals.popleft()
-            if seq.status is SequenceStatus.WAITING:
+            if seq.status is SequenceStatus.WAITING and not seq.num_preemptions:  # a preempted one has started
                 expired.append(seq)
         return expired

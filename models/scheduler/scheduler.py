@@ -2,18 +2,16 @@
 
 No torch, no asyncio, no clock: a synchronous state machine (add, schedule, update_from_output,
 finish, abort) that the engine thread drives and that tests drive with made-up token ids. It owns
-the per-token bookkeeping, as vLLM's `update_from_output`: after a step's forward pass, which
-tokens are computed, which token each sequence sampled, and which sequences stop (eos, a stop
-token, max_tokens, the context length). Stop strings are matched on text, so the engine's
-detokenizer finds those and calls `finish`.
+the per-token bookkeeping, as vLLM's `update_from_output`: which tokens are computed, which token
+each sequence sampled, which sequences stop (eos, a stop token, max_tokens, the context length).
+Stop strings are matched on text, so the engine's detokenizer finds those and calls `finish`.
 
-Slots stay compact: running sequences occupy slots 0..num_running-1, so one decode step
-reads one contiguous block of the KV cache. When a sequence leaves, the sequence in the last
-slot moves into the hole; the move is reported in the next `SchedulerOutput` and the model
-runner copies that slot's cache before the forward pass. Nothing else is ever recomputed or
-copied when sequences join or leave, but the prefix cache's blocks (models/kv/prefix_cache.py):
-copied into a new sequence's slot when it is admitted, out of a slot when its prompt is computed
-and when it ends.
+Slots stay compact: running sequences occupy slots 0..num_running-1, so one decode step reads one
+contiguous block of the KV cache. When a sequence leaves (ends, or is preempted for a better
+tier's: models/scheduler/preemption.py), the sequence in the last slot moves into the hole; the
+move is reported in the next `SchedulerOutput` and the model runner copies that slot's cache
+before the forward pass. The prefix cache's blocks (models/kv/prefix_cache.py) are copied into a
+new sequence's slot when it is admitted, out of a slot when its prompt is computed and when it ends.
 """
 
 from __future__ import annotations
@@ -23,10 +21,11 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from models.config import SchedulerConfig
-from models.kv.prefix_cache import WARM_SCOPE, PrefixCache
+from models.kv.prefix_cache import PrefixCache
 from models.sampling.params import SamplingParams
 from models.scheduler.fair_shares import FairShares
-from models.scheduler.sequence import FinishReason, Sequence, SequenceStatus
+from models.scheduler.preemption import victim_for
+from models.scheduler.sequence import WARM_SCOPE, FinishReason, Sequence, SequenceStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +54,7 @@ class PrefillChunk:
 
     @property
     def completes_prompt(self) -> bool:
-        return self.start + self.num_tokens == self.seq.num_prompt_tokens
+        return self.start + self.num_tokens == self.seq.num_prefill_tokens
 
 
 @dataclass(slots=True)
@@ -102,6 +101,7 @@ class Scheduler:
         # K/V tokens the running sequences may reach, each admitted for its whole length
         # (config.max_kv_tokens bounds it where the budget counts tokens).
         self.num_reserved_tokens = 0
+        self.num_preempted = 0  # running sequences sent back to the queue for a better tier's
         # Set by the engine once it knows the model's K/V size (after warmup); None: no caching.
         self.prefix_cache: PrefixCache | None = None
 
@@ -151,6 +151,8 @@ class Scheduler:
         max_prompt_chunk_while_decoding tokens of a step, so running streams keep moving while
         it is computed.
         """
+        if self.config.preemption and self._waiting_ids and self.running:
+            self._preempt_for_waiting()  # before the moves are taken: a preemption adds its own
         out = SchedulerOutput(moves=self._pending_moves)
         self._pending_moves = []
         out.decodes = [seq for seq in self.running if not seq.is_prefilling]
@@ -244,7 +246,7 @@ class Scheduler:
         """Plan the next chunk of seq's prompt, at most `cap` tokens (0: no cap); return the budget
         left for other prompts this step. None when the chunk leaves its prompt part-way: one
         prompt at a time is, and the prompts behind it wait rather than share its steps."""
-        num_tokens = min(seq.num_prompt_tokens - seq.num_computed_tokens, budget, cap or budget)
+        num_tokens = min(seq.num_prefill_tokens - seq.num_computed_tokens, budget, cap or budget)
         chunk = PrefillChunk(seq, seq.num_computed_tokens, num_tokens)
         out.prefills.append(chunk)
         return budget - num_tokens if chunk.completes_prompt else 0
@@ -260,10 +262,12 @@ class Scheduler:
         cache = self.prefix_cache
         if cache is None:
             return
-        rows = cache.match(seq.prefix_scope, seq.prompt_token_ids, seq.num_prompt_tokens - 1)
+        rows = cache.match(seq.prefix_scope, seq.prefill_token_ids, seq.num_prefill_tokens - 1)
         if rows:
             out.loads.append(BlockCopy(seq.slot, 0, rows))
-            seq.num_computed_tokens = seq.num_cached_tokens = len(rows) * cache.block_size
+            seq.num_computed_tokens = len(rows) * cache.block_size
+            if not seq.num_preemptions:  # what the client is told came from the cache: its prompt's
+                seq.num_cached_tokens = seq.num_computed_tokens
 
     def _keep(self, seq: Sequence) -> None:
         """Keep the computed tokens' whole blocks (prompt, and generated tokens at the end) in the
@@ -326,6 +330,41 @@ class Scheduler:
                 self._shares.took(seq.share, tag)
                 self.num_reserved_tokens += reserved
                 return seq
+        return None
+
+    def _preempt_for_waiting(self) -> None:
+        """While the first waiting sequences find no room (slots, or the K/V budget) and running
+        ones are of a less important tier, those go back to the queue, their computed blocks to
+        the prefix cache (models/scheduler/preemption.py). At most max_num_seqs a step."""
+        if (head := self._first_waiting()) is None or victim_for(self.running, head) is None:
+            return  # the common case, a full batch and a queue of its own tier: one look
+        bound, limit = self.config.max_kv_tokens, self.config.max_num_seqs
+        live = [entry for entry in self._waiting if self._waiting_ids.get(entry[3].request_id) is entry[3]]
+        reserved = self.num_reserved_tokens
+        for place, (*_, waiting) in enumerate(heapq.nsmallest(limit, live)):
+            reserved += self._reserved_tokens(waiting)
+            if len(self.running) + place < limit and not (bound and reserved > bound):
+                continue  # it finds room as things are
+            victim = victim_for(self.running, waiting)
+            if victim is None:
+                return
+            reserved -= self._reserved_tokens(victim)
+            self._keep(victim)
+            self._release_slot(victim)
+            victim.preempt()
+            self._waiting_ids[victim.request_id] = victim
+            self.num_waiting_tokens += victim.num_prompt_tokens
+            tag = self._shares.tag(victim.share)
+            heapq.heappush(self._waiting, (victim.priority, tag, victim.arrival_order, victim))
+            self.num_preempted += 1
+
+    def _first_waiting(self) -> Sequence | None:
+        """The sequence the queue would admit next (stale entries dropped)."""
+        while self._waiting:
+            seq = self._waiting[0][3]
+            if self._waiting_ids.get(seq.request_id) is seq:
+                return seq
+            heapq.heappop(self._waiting)
         return None
 
     def _reserved_tokens(self, seq: Sequence) -> int:

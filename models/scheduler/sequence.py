@@ -11,7 +11,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from models.kv.prefix_cache import WARM_SCOPE
 from models.sampling.params import SamplingParams
 
 
@@ -32,6 +31,11 @@ class FinishReason(str, enum.Enum):
     REJECTED = "rejected"  # dropped before using the model (its queue time ran out)
 
 
+# The warm templates' cache scope and queue share (app/runtime/warm_templates.py): no API key's
+# scope ("" or "key:..."), reused by every scope (models/kv/prefix_cache.py `shared_scope`).
+WARM_SCOPE = "\0warm"
+
+
 def cache_scope_of(share: str) -> str:
     """The cache scope of a queue share: an API key's requests reuse only that key's cached
     prefixes and grammars; without keys there are no tenants to keep apart, and any may reuse any.
@@ -48,6 +52,9 @@ class Sequence:
     # Whose share of the queue it takes (an API key, opaque here): within a priority level the
     # shares' sequences interleave (models/scheduler/fair_shares.py). "" is one share like any other.
     share: str = ""
+    # The key's tier (lower = more important): a waiting sequence of a better tier may preempt a
+    # running one of a worse tier when the batch is full (models/scheduler/scheduler.py).
+    tier: int = 0
     # Set by the scheduler: the order sequences reached it in, the tie-breaker within a priority level.
     arrival_order: int = 0
     # Set by the engine (its clock, seconds): for queue time, TTFT and the queue deadline.
@@ -60,6 +67,10 @@ class Sequence:
     slot: int = -1
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
+    # Output tokens to compute again as if they were prompt (a preempted sequence resumes by
+    # prefilling its prompt and what it had generated, then samples its next token).
+    num_replayed: int = 0
+    num_preemptions: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -73,9 +84,31 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    def preempt(self) -> None:
+        """Back to the queue, its slot gone: it will compute again its prompt and what it has
+        generated, then sample its next token."""
+        self.num_replayed = self.num_output_tokens
+        self.num_computed_tokens = 0
+        self.num_preemptions += 1
+        self.status = SequenceStatus.WAITING
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens computed before its next token is sampled: the prompt, plus what it had generated
+        when it was preempted."""
+        return len(self.prompt_token_ids) + self.num_replayed
+
+    @property
+    def prefill_token_ids(self) -> list[int]:
+        return (
+            self.prompt_token_ids + self.output_token_ids[: self.num_replayed]
+            if self.num_replayed
+            else self.prompt_token_ids
+        )
+
     @property
     def is_prefilling(self) -> bool:
-        return self.num_computed_tokens < len(self.prompt_token_ids)
+        return self.num_computed_tokens < self.num_prefill_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -51,6 +51,7 @@ COUNTERS = [
     "surge_generation_tokens_total",
     "surge_requests_finished_total",
     "surge_requests_aborted_total",
+    "surge_requests_preempted_total",
     "surge_rate_limited_requests_total",
     "surge_idempotent_replays_total",
     "surge_idempotency_conflicts_total",

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from models.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, scope_digest
-from models.kv.prefix_cache import WARM_SCOPE, PrefixCache
+from models.kv.prefix_cache import PrefixCache
+from models.scheduler.sequence import WARM_SCOPE
 
 
 def test_a_prompt_matches_its_longest_cached_prefix_in_whole_blocks() -> None:
@@ -100,7 +101,7 @@ def test_no_events_are_kept_without_a_listener() -> None:
 
 
 def test_warm_templates_are_pinned_shared_by_every_scope_and_capped_at_half_the_pool() -> None:
-    cache = PrefixCache(num_blocks=8, block_size=4)
+    cache = PrefixCache(num_blocks=8, block_size=4, shared_scope=WARM_SCOPE)
     template = list(range(100, 120))  # 5 blocks: only 4 may be pinned
     assert cache.insert(WARM_SCOPE, template, 20, pin=True) == (0, [0, 1, 2, 3, 4])
     assert cache.num_pinned_blocks == 4 and cache.num_cached_blocks == 5
@@ -116,7 +117,7 @@ def test_warm_templates_are_pinned_shared_by_every_scope_and_capped_at_half_the_
 def test_a_scopes_own_continuation_of_a_template_stays_its_own() -> None:
     """A tenant's blocks never hang off the shared template chain: its continuation is stored
     under its own scope (the template's tokens copied there too), so no other scope reaches it."""
-    cache = PrefixCache(num_blocks=16, block_size=4)
+    cache = PrefixCache(num_blocks=16, block_size=4, shared_scope=WARM_SCOPE)
     template = list(range(100, 108))
     cache.insert(WARM_SCOPE, template, 8, pin=True)
     conversation = [*template, 7, 7, 7, 7, 8, 8, 8, 8]
@@ -128,7 +129,7 @@ def test_a_scopes_own_continuation_of_a_template_stays_its_own() -> None:
 
 
 def test_clearing_unpins() -> None:
-    cache = PrefixCache(num_blocks=8, block_size=4)
+    cache = PrefixCache(num_blocks=8, block_size=4, shared_scope=WARM_SCOPE)
     cache.insert(WARM_SCOPE, list(range(8)), 8, pin=True)
     cache.clear()
     assert cache.num_pinned_blocks == cache.num_cached_blocks == 0

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from models.linear import block_kernel
+from models.linear import block_int8, block_kernel
 from models.linear.block_int8 import BLOCK, BlockInt8Linear
 from models.linear.int8 import Int8Linear, activation_qmax
 from models.linear.swap import cpu_linears, swap_linears
@@ -189,3 +189,16 @@ def test_a_library_built_into_the_package_is_found_before_the_cache(
     monkeypatch.setenv("CC", "surge-no-such-compiler")
     assert block_kernel.find_or_build() == packaged
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("shape", [(1000, 96), (37, 200), (16, 32)])
+def test_packing_in_chunks_gives_the_whole_layers_codes(
+    shape: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weight is quantized a few channels at a time (bounded temporaries at load): the codes
+    and scales are those of the whole layer at once, bit for bit."""
+    weight = torch.randn(*shape, dtype=torch.bfloat16)
+    whole = block_int8.pack_weight(weight)
+    monkeypatch.setattr(block_int8, "CHUNK_ELEMENTS", 1)  # one panel of 16 channels at a time
+    chunked = block_int8.pack_weight(weight)
+    assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])

@@ -22,7 +22,7 @@ class _CoreWithArrivingRequest:
     it lands in the inbox, then the outbox counts it as received (the receiver's order)."""
 
     is_warm = True
-    num_waiting_tokens = num_running = num_aborted = num_steps = 0
+    num_waiting_tokens = num_running = num_aborted = num_preempted = num_steps = 0
     kv_usage = 0.0
     prefix_cache_stats = PrefixCacheStats()
 

@@ -41,6 +41,11 @@ class SchedulerConfig:
     # important tier when the batch (or the K/V budget) is full; the preempted one resumes later,
     # from its prompt and what it had generated (the prefix cache holds most of it).
     preemption: bool = True
+    # Lanes (models/scheduler/lanes.py): a sequence whose prompt and max_tokens reach this many tokens
+    # is heavy (0: one lane); while light ones wait, heavy ones hold at most all but
+    # light_lane_share of the batch, and a light one may take a heavy one's slot past that share.
+    heavy_sequence_tokens: int = 0
+    light_lane_share: float = 0.25
     # Tell the engine's observer every block the prefix cache stores and evicts (vLLM's KV events,
     # models/kv/events.py), for a server that publishes them to routers. Off: not even counted.
     kv_events: bool = False

@@ -88,6 +88,13 @@ OPTIONS: tuple[Option, ...] = (
         choices=("on", "off"),
     ),
     Option(
+        "heavy_sequence_tokens",
+        int,
+        "a sequence whose prompt and max_tokens reach this many tokens is heavy: heavy ones hold at most all"
+        " but --light-lane-share of the batch while light ones wait; 0 = one lane",
+    ),
+    Option("light_lane_share", float, "the share of the batch kept for light sequences while they wait"),
+    Option(
         "kv_events_endpoint",
         str,
         "publish the prefix cache's block events (vLLM's KV events, for prefix-aware routers) on a ZeroMQ PUB"

@@ -48,6 +48,8 @@ class Settings:
     max_model_len: int = _SCHEDULER.max_model_len
     prefix_caching: str = "on" if _SCHEDULER.prefix_caching else "off"
     preemption: str = "on" if _SCHEDULER.preemption else "off"
+    heavy_sequence_tokens: int = _SCHEDULER.heavy_sequence_tokens
+    light_lane_share: float = _SCHEDULER.light_lane_share
     kv_events_endpoint: str = ""
     kv_events_topic: str = ""
     kv_events_format: str = "map"
@@ -203,6 +205,8 @@ class Settings:
             raise ValueError("prefix_caching must be on or off")
         if self.preemption not in ("on", "off"):
             raise ValueError("preemption must be on or off")
+        if self.heavy_sequence_tokens < 0 or not 0 < self.light_lane_share < 1:
+            raise ValueError("heavy_sequence_tokens must be >= 0 and light_lane_share within (0, 1)")
         if self.kv_events_endpoint:
             if not self.kv_events_endpoint.startswith(("tcp://", "ipc://", "inproc://")):
                 raise ValueError("kv_events_endpoint must be a ZeroMQ address: tcp://..., ipc://... or inproc://...")
@@ -231,6 +235,8 @@ class Settings:
                 max_prompt_chunk_while_decoding=self.max_prompt_chunk_while_decoding,
                 prefix_caching=self.prefix_caching == "on",
                 preemption=self.preemption == "on",
+                heavy_sequence_tokens=self.heavy_sequence_tokens,
+                light_lane_share=self.light_lane_share,
                 kv_events=bool(self.kv_events_endpoint),
                 prefix_cache_bytes=cache_bytes,
                 prefix_cache_share=cache_share,

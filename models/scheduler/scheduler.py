@@ -16,7 +16,6 @@ new sequence's slot when it is admitted, out of a slot when its prompt is comput
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -24,6 +23,7 @@ from models.config import SchedulerConfig
 from models.kv.prefix_cache import PrefixCache
 from models.sampling.params import SamplingParams
 from models.scheduler.fair_shares import FairShares
+from models.scheduler.lanes import WaitingLanes
 from models.scheduler.preemption import victim_for
 from models.scheduler.sequence import WARM_SCOPE, FinishReason, Sequence, SequenceStatus
 
@@ -91,7 +91,12 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         # Heap of (priority, fair tag, arrival_order, seq); aborted entries are dropped lazily when
         # they surface.
-        self._waiting: list[tuple[int, int, int, Sequence]] = []
+        self._waiting = WaitingLanes(
+            lambda seq: self._waiting_ids.get(seq.request_id) is seq,
+            config.heavy_sequence_tokens,
+            config.max_num_seqs,
+            config.light_lane_share,
+        )
         self._shares = FairShares()
         self._waiting_ids: dict[str, Sequence] = {}
         self.num_waiting_tokens = 0  # prompt tokens of the waiting sequences
@@ -129,7 +134,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self._waiting_ids[seq.request_id] = seq
         self.num_waiting_tokens += seq.num_prompt_tokens
-        heapq.heappush(self._waiting, (seq.priority, self._shares.tag(seq.share), seq.arrival_order, seq))
+        self._waiting.add((seq.priority, self._shares.tag(seq.share), seq.arrival_order, seq))
 
     def kv_usage(self) -> float:
         """The share of the K/V the running batch holds (0 to 1), for the load score and metrics."""
@@ -151,7 +156,7 @@ class Scheduler:
         max_prompt_chunk_while_decoding tokens of a step, so running streams keep moving while
         it is computed.
         """
-        if self.config.preemption and self._waiting_ids and self.running:
+        if (self.config.preemption or self.config.heavy_sequence_tokens) and self._waiting_ids and self.running:
             self._preempt_for_waiting()  # before the moves are taken: a preemption adds its own
         out = SchedulerOutput(moves=self._pending_moves)
         self._pending_moves = []
@@ -175,7 +180,7 @@ class Scheduler:
             self._load_prefix(out, seq)
             budget = self._plan_chunk(out, seq, budget, chunk_cap)
         for entry in deferred:
-            heapq.heappush(self._waiting, entry)
+            self._waiting.push(entry)
         out.num_slots = len(self.running)
         out.sampled = [chunk.seq for chunk in out.prefills if chunk.completes_prompt] + out.decodes
         return out
@@ -311,8 +316,7 @@ class Scheduler:
     def _pop_waiting(self, deferred: list[tuple[int, int, int, Sequence]]) -> Sequence | None:
         """The next waiting sequence to admit; those that wait for a prefix being computed go to
         `deferred` (the caller puts them back), at most max_num_seqs of them a step."""
-        while self._waiting:
-            entry = heapq.heappop(self._waiting)
+        while (entry := self._waiting.pop(self._waiting.heavy_allowed(self.running))) is not None:
             _, tag, _, seq = entry
             if self._waiting_ids.get(seq.request_id) is seq:
                 if len(deferred) < self.config.max_num_seqs and self._waits_for_prefix(seq):
@@ -323,7 +327,7 @@ class Scheduler:
                 # Alone, a sequence always runs: a config the budget fitted never needs this, one
                 # built by hand with a bound below max_model_len must not wait for ever.
                 if bound and self.num_reserved_tokens and self.num_reserved_tokens + reserved > bound:
-                    heapq.heappush(self._waiting, entry)  # first in line until the K/V has room
+                    self._waiting.push(entry)  # first in line until the K/V has room
                     return None
                 del self._waiting_ids[seq.request_id]
                 self.num_waiting_tokens -= seq.num_prompt_tokens
@@ -336,36 +340,31 @@ class Scheduler:
         """While the first waiting sequences find no room (slots, or the K/V budget) and running
         ones are of a less important tier, those go back to the queue, their computed blocks to
         the prefix cache (models/scheduler/preemption.py). At most max_num_seqs a step."""
-        if (head := self._first_waiting()) is None or victim_for(self.running, head) is None:
-            return  # the common case, a full batch and a queue of its own tier: one look
+        heads = [entry[3] for entry in (self._waiting.head(False), self._waiting.head(True)) if entry is not None]
+        if all(self._victim(head) is None for head in heads):
+            return  # the common case, a full batch and a queue of its own tier and lane: one look
         bound, limit = self.config.max_kv_tokens, self.config.max_num_seqs
-        live = [entry for entry in self._waiting if self._waiting_ids.get(entry[3].request_id) is entry[3]]
-        reserved = self.num_reserved_tokens
-        for place, (*_, waiting) in enumerate(heapq.nsmallest(limit, live)):
-            reserved += self._reserved_tokens(waiting)
-            if len(self.running) + place < limit and not (bound and reserved > bound):
+        reserved, taken = self.num_reserved_tokens, 0  # what the sequences ahead will take
+        for *_, waiting in self._waiting.candidates(limit):
+            needs = reserved + self._reserved_tokens(waiting)
+            if len(self.running) + taken < limit and not (bound and needs > bound):
+                reserved, taken = needs, taken + 1
                 continue  # it finds room as things are
-            victim = victim_for(self.running, waiting)
+            victim = self._victim(waiting)
             if victim is None:
-                return
-            reserved -= self._reserved_tokens(victim)
+                continue  # it waits, and takes no place from those behind it
+            reserved, taken = needs - self._reserved_tokens(victim), taken + 1
             self._keep(victim)
             self._release_slot(victim)
             victim.preempt()
             self._waiting_ids[victim.request_id] = victim
             self.num_waiting_tokens += victim.num_prompt_tokens
             tag = self._shares.tag(victim.share)
-            heapq.heappush(self._waiting, (victim.priority, tag, victim.arrival_order, victim))
+            self._waiting.push((victim.priority, tag, victim.arrival_order, victim))
             self.num_preempted += 1
 
-    def _first_waiting(self) -> Sequence | None:
-        """The sequence the queue would admit next (stale entries dropped)."""
-        while self._waiting:
-            seq = self._waiting[0][3]
-            if self._waiting_ids.get(seq.request_id) is seq:
-                return seq
-            heapq.heappop(self._waiting)
-        return None
+    def _victim(self, head: Sequence) -> Sequence | None:
+        return victim_for(self.running, head, self.config.preemption, self._waiting.heavy_share)
 
     def _reserved_tokens(self, seq: Sequence) -> int:
         """The K/V a sequence may fill: its prompt and max_tokens (never past max_model_len), and

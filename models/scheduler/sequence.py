@@ -71,6 +71,7 @@ class Sequence:
     # prefilling its prompt and what it had generated, then samples its next token).
     num_replayed: int = 0
     num_preemptions: int = 0
+    heavy: bool = False  # its lane (models/scheduler/lanes.py), set by the scheduler
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -82,9 +82,9 @@ def test_slow_engine_steps_degrade(server_with: LiveServer) -> None:
     assert_served_degraded(server)
 
 
-@pytest.mark.parametrize("server_with", [({"degrade_kv_usage": 0.02}, "thread")], indirect=True)
+@pytest.mark.parametrize("server_with", [({"degrade_kv_usage": 0.01}, "thread")], indirect=True)
 def test_a_full_kv_pool_degrades_while_it_is_held(server_with: LiveServer) -> None:
-    """2 slots x 512 tokens: a generation past ~20 tokens holds 2% of the pool."""
+    """2 slots x 512 tokens: the 20 tokens read (40 lines) hold 2% of the pool, twice the bound."""
     server = server_with
     signals, level = scrape(server)
     assert signals["kv_usage"] == 0.0 and level == 0

@@ -45,3 +45,31 @@ def test_a_better_tier_takes_the_slot_and_the_preempted_stream_finishes_whole(li
     usage = json.loads(rest[-1][len("data: ") :])["usage"]
     assert usage["completion_tokens"] == 300  # nothing lost, nothing doubled
     assert Scrape(live).value("surge_requests_preempted_total") == 1
+
+
+@pytest.fixture(scope="module")
+def lanes(tiny_model_dir: Path) -> Iterator[LiveServer]:
+    settings = {"engine_mode": "process", "max_num_seqs": 1, "max_model_len": 1024, "heavy_sequence_tokens": 128}
+    settings["metrics_key"] = "prometheus"
+    with running_server(tiny_model_dir, degrade_thresholds="off", dedup_ttl_seconds=0, **settings) as server:  # type: ignore[arg-type]
+        yield server
+
+
+def test_a_light_request_takes_the_slot_of_a_heavy_one_of_the_same_key(lanes: LiveServer) -> None:
+    """Lanes: one slot, a 300-token stream (heavy) holding it; a 4-token request (light) runs at
+    once, and the heavy stream still finishes whole."""
+    body = {"model": MODEL_NAME, "prompt": "count the waves", "max_tokens": 300, "ignore_eos": True, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    with httpx.stream("POST", f"{lanes.url}/v1/completions", json=body, timeout=120) as stream:
+        lines = stream.iter_lines()
+        for _ in range(20):
+            next(lines)
+        light = httpx.post(
+            f"{lanes.url}/v1/completions",
+            json={"model": MODEL_NAME, "prompt": "now", "max_tokens": 4},
+            timeout=60,
+        )
+        assert light.status_code == 200
+        rest = [line for line in lines if line.startswith("data: {")]
+    assert json.loads(rest[-1][len("data: ") :])["usage"]["completion_tokens"] == 300
+    assert Scrape(lanes).value("surge_requests_preempted_total") == 1

@@ -46,6 +46,10 @@ class SchedulerConfig:
     # light_lane_share of the batch, and a light one may take a heavy one's slot past that share.
     heavy_sequence_tokens: int = 0
     light_lane_share: float = 0.25
+    # How many sequences a step may hold (models/scheduler/batch_policy.py): "continuous" (all that
+    # fit) or "log" (the adaptive rule, base x ln(demand + 1)), measured against each other.
+    batch_policy: str = "continuous"
+    batch_policy_base: float = 8.0
     # Tell the engine's observer every block the prefix cache stores and evicts (vLLM's KV events,
     # models/kv/events.py), for a server that publishes them to routers. Off: not even counted.
     kv_events: bool = False

@@ -3,6 +3,7 @@
     .venv/bin/python -m scripts.bench --model-size m --concurrency 32
     .venv/bin/python -m scripts.bench --smoke --out /tmp/bench.md   # seconds long, for CI
     .venv/bin/python -m scripts.bench --stack off,memory,redis        # the traffic stack's cost
+    .venv/bin/python -m scripts.bench --stack off,log-batch --rate 8  # the adaptive batch size against continuous
     .venv/bin/python -m scripts.bench --systems surge,naive --rate 4 --duration 20   # plus an open loop
     .venv/bin/python -m scripts.bench --structured --concurrency 32 --rounds 3       # constrained decoding's cost
     .venv/bin/python -m scripts.bench --workload shared-prefix,multi-turn,no-shared  # the prefix cache's worth
@@ -228,6 +229,11 @@ STACK_MODES = {
         StackMode("memory", _STACK_ON_ARGS, uses_idempotency_keys=True, uses_redis=False),
         StackMode(
             "redis", (*_STACK_ON_ARGS, "--redis-url", "{redis_url}"), uses_idempotency_keys=True, uses_redis=True
+        ),
+        # Not a traffic layer: the stack off, with the adaptive batch-size rule instead of continuous
+        # batching (models/scheduler/batch_policy.py), for `--stack off,log-batch`.
+        StackMode(
+            "log-batch", (*_STACK_OFF_ARGS, "--batch-policy", "log"), uses_idempotency_keys=False, uses_redis=False
         ),
     )
 }

@@ -95,6 +95,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("light_lane_share", float, "the share of the batch kept for light sequences while they wait"),
     Option(
+        "batch_policy",
+        str,
+        "sequences a step may hold: `continuous` (all that fit) or `log` (min(max_num_seqs, base x ln(demand + 1)))",
+        choices=("continuous", "log"),
+    ),
+    Option("batch_policy_base", float, "the `log` batch policy's base"),
+    Option(
         "kv_events_endpoint",
         str,
         "publish the prefix cache's block events (vLLM's KV events, for prefix-aware routers) on a ZeroMQ PUB"

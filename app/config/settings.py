@@ -50,6 +50,8 @@ class Settings:
     preemption: str = "on" if _SCHEDULER.preemption else "off"
     heavy_sequence_tokens: int = _SCHEDULER.heavy_sequence_tokens
     light_lane_share: float = _SCHEDULER.light_lane_share
+    batch_policy: str = _SCHEDULER.batch_policy
+    batch_policy_base: float = _SCHEDULER.batch_policy_base
     kv_events_endpoint: str = ""
     kv_events_topic: str = ""
     kv_events_format: str = "map"
@@ -205,6 +207,8 @@ class Settings:
             raise ValueError("prefix_caching must be on or off")
         if self.preemption not in ("on", "off"):
             raise ValueError("preemption must be on or off")
+        if self.batch_policy not in ("continuous", "log") or self.batch_policy_base <= 0:
+            raise ValueError("batch_policy must be continuous or log, with a positive batch_policy_base")
         if self.heavy_sequence_tokens < 0 or not 0 < self.light_lane_share < 1:
             raise ValueError("heavy_sequence_tokens must be >= 0 and light_lane_share within (0, 1)")
         if self.kv_events_endpoint:
@@ -237,6 +241,8 @@ class Settings:
                 preemption=self.preemption == "on",
                 heavy_sequence_tokens=self.heavy_sequence_tokens,
                 light_lane_share=self.light_lane_share,
+                batch_policy=self.batch_policy,
+                batch_policy_base=self.batch_policy_base,
                 kv_events=bool(self.kv_events_endpoint),
                 prefix_cache_bytes=cache_bytes,
                 prefix_cache_share=cache_share,

@@ -60,15 +60,12 @@ class WaitingLanes:
             return True
         return sum(seq.heavy for seq in running) < self.heavy_share
 
-    def head(self, heavy: bool | None = None) -> Entry | None:
-        """The next entry of a lane (None: of either), stale ones dropped."""
-        if heavy is not None:
-            heap = self._heaps[heavy]
-            while heap and not self._is_waiting(heap[0][3]):
-                heapq.heappop(heap)
-            return heap[0] if heap else None
-        heads = [entry for entry in (self.head(False), self.head(True)) if entry is not None]
-        return min(heads, default=None)
+    def head(self, heavy: bool) -> Entry | None:
+        """The next entry of a lane, stale ones dropped."""
+        heap = self._heaps[heavy]
+        while heap and not self._is_waiting(heap[0][3]):
+            heapq.heappop(heap)
+        return heap[0] if heap else None
 
     def pop(self, heavy_allowed: bool) -> Entry | None:
         """The next entry to admit: the better of the two heads, the heavy one only if allowed."""
@@ -83,6 +80,3 @@ class WaitingLanes:
         """The first `limit` live entries of each lane, in queue order."""
         firsts = [heapq.nsmallest(limit, (e for e in heap if self._is_waiting(e[3]))) for heap in self._heaps]
         return sorted(firsts[0] + firsts[1])
-
-    def __bool__(self) -> bool:
-        return bool(self._heaps[0] or self._heaps[1])

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from models.config import SchedulerConfig
 from models.kv.prefix_cache import PrefixCache
 from models.sampling.params import SamplingParams
+from models.scheduler.batch_policy import batch_limit
 from models.scheduler.fair_shares import FairShares
 from models.scheduler.lanes import WaitingLanes
 from models.scheduler.preemption import victim_for
@@ -149,12 +150,11 @@ class Scheduler:
         Every running sequence that has its prompt computed decodes one token. The rest of the
         token budget (max_num_batched_tokens minus the decode rows) goes to prompt chunks:
         first to sequences already part-way through their prompt, oldest first, then to waiting
-        sequences in (priority, fair share, arrival) order while a slot is free and, where the
-        K/V budget counts tokens, while the next one's whole length fits (the first that does
-        not fit waits, and those behind it with it). A prompt larger than the
-        budget is split across steps, and while there are decode rows no prompt takes more than
-        max_prompt_chunk_while_decoding tokens of a step, so running streams keep moving while
-        it is computed.
+        sequences in (priority, fair share, arrival) order while a slot is free (within the batch
+        policy's limit) and, where the K/V budget counts tokens, while the next one's whole length
+        fits (the first that does not fit waits, and those behind it with it). A prompt larger
+        than the budget is split across steps, and while there are decode rows no prompt takes
+        more than max_prompt_chunk_while_decoding tokens of a step.
         """
         if (self.config.preemption or self.config.heavy_sequence_tokens) and self._waiting_ids and self.running:
             self._preempt_for_waiting()  # before the moves are taken: a preemption adds its own
@@ -169,7 +169,8 @@ class Scheduler:
             if seq.is_prefilling:
                 budget = self._plan_chunk(out, seq, budget, chunk_cap)
         deferred: list[tuple[int, int, int, Sequence]] = []
-        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+        limit = batch_limit(self.config, len(self._waiting_ids), len(self.running))
+        while budget > 0 and len(self.running) < limit:
             admitted = self._pop_waiting(deferred)
             if admitted is None:
                 break

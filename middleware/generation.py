@@ -42,6 +42,7 @@ class Generation:
     choice_params: list[SamplingParams]
     priority: int  # the engine's order, lower first: the key's tier, then the body's priority
     tier: int = 0  # the key's tier (keys file): what shedding goes by (middleware/admission/priority.py)
+    user: str = ""  # the end user (the body's `user`, or --user-header): a place within the key's share
     level: int = 0  # the degradation level admission applied (0 normal, 4 shedding)
     # Called when the request reaches the engine: it is no longer held between the layers (admission
     # counts held requests as queued). Idempotent; admission sets it.

@@ -53,7 +53,10 @@ async def create_message(request: Request) -> Response:
     reasoning = None
     if state.reasons:
         reasoning = prompt_opens_reasoning(str(engine.tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False)))
-    started = await start_generation(request, state, [prompt], choice_params, body.priority, "messages")
+    user = (body.metadata or {}).get("user_id")
+    started = await start_generation(
+        request, state, [prompt], choice_params, body.priority, "messages", user if isinstance(user, str) else None
+    )
     group, headers = started.source, started.headers
     if body.stream:
         renderer = MessageEvents(body.model, len(prompt), plan, reasoning, body.stop_sequences or ())

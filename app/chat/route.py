@@ -78,7 +78,7 @@ async def create_chat_completion(request: Request) -> Response:
     reasoning = None  # for a reasoning model: whether the reply starts inside a reasoning block
     if state.reasons:
         reasoning = prompt_opens_reasoning(str(engine.tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False)))
-    started = await start_generation(request, state, [prompt], choice_params, body.priority, "chat")
+    started = await start_generation(request, state, [prompt], choice_params, body.priority, "chat", body.user)
     group, choice_params, headers = started.source, started.choice_params, started.headers
     completion_id = new_chat_completion_id()
     created = int(time.time())

@@ -69,7 +69,7 @@ async def create_completion(request: Request) -> Response:
     prompt_lens = [len(ids) for ids in prompts]
     choice_params = sampling_params(engine, state.settings, body, prompt_lens, body.requested_max_tokens, "prompt")
     choice_params = await constrain(state.constraints(request, engine.grammars), body.response_format, choice_params)
-    started = await start_generation(request, state, prompts, choice_params, body.priority, "completions")
+    started = await start_generation(request, state, prompts, choice_params, body.priority, "completions", body.user)
     group, choice_params, headers = started.source, started.choice_params, started.headers
     completion_id = new_completion_id()
     created = int(time.time())

@@ -102,6 +102,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("batch_policy_base", float, "the `log` batch policy's base"),
     Option(
+        "user_header",
+        str,
+        "a request header naming the end user (set by a gateway), used before the body's `user` for"
+        " fairness within an API key's share of the queue",
+    ),
+    Option(
         "kv_events_endpoint",
         str,
         "publish the prefix cache's block events (vLLM's KV events, for prefix-aware routers) on a ZeroMQ PUB"

@@ -51,6 +51,7 @@ class Settings:
     heavy_sequence_tokens: int = _SCHEDULER.heavy_sequence_tokens
     light_lane_share: float = _SCHEDULER.light_lane_share
     batch_policy: str = _SCHEDULER.batch_policy
+    user_header: str = ""
     batch_policy_base: float = _SCHEDULER.batch_policy_base
     kv_events_endpoint: str = ""
     kv_events_topic: str = ""

@@ -27,6 +27,9 @@ from middleware.rate_limit.concurrency import ConcurrencyLayer
 from middleware.rate_limit.tokens import TokenLayer
 from models import AsyncEngine, OutputSource, SamplingParams
 
+# An end user's name is kept to this many characters: it is only a key for the queue's fairness.
+MAX_USER_CHARS = 256
+
 log = logging.getLogger("surge.pipeline")
 
 
@@ -44,6 +47,7 @@ async def start_generation(
     choice_params: Sequence[SamplingParams],
     priority: int,
     endpoint: str,
+    user: str | None = None,
 ) -> Started:
     """Run the after-parse layers on one request: the source to render, the sampling parameters of
     its choices as degraded, and the response headers (the degradation level, when one applied)."""
@@ -53,9 +57,12 @@ async def start_generation(
     check_priority(priority, key_state.get("min_priority", 0))
     tier = key_state.get("priority_tier", 0)
     params = list(choice_params)
+    header = state.settings.user_header
+    named = request.headers.get(header) if header else None
     generation = Generation(
         request.scope, request.headers, endpoint, prompts, params, engine_priority(tier, priority), tier
     )
+    generation.user = (named or user or "")[:MAX_USER_CHARS]
     source = await state.pipeline(generation)
     return Started(source, generation.choice_params, degraded_headers(generation.level))
 
@@ -99,7 +106,13 @@ def build_pipeline(settings: Settings, state: ServerState, engine: AsyncEngine) 
         generation.release_hold()
         sequences = [(prompt, params) for prompt in generation.prompts for params in generation.choice_params]
         try:
-            return engine.submit(sequences, priority=generation.priority, share=generation.share, tier=generation.tier)
+            return engine.submit(
+                sequences,
+                priority=generation.priority,
+                share=generation.share,
+                tier=generation.tier,
+                user=generation.user,
+            )
         except RuntimeError as exc:
             log.warning("submit failed: %r", exc)  # the text is for the log, not the client
             raise service_unavailable("The engine is not available.", RETRY_AFTER_SECONDS) from exc

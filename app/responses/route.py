@@ -91,7 +91,8 @@ async def create_response(request: Request) -> Response:
     reasoning = None
     if state.reasons:
         reasoning = prompt_opens_reasoning(str(engine.tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False)))
-    started = await start_generation(request, state, [prompt], choice_params, body.priority, "responses")
+    user = body.safety_identifier or body.user
+    started = await start_generation(request, state, [prompt], choice_params, body.priority, "responses", user)
     group, choice_params, headers = started.source, started.choice_params, started.headers
     shell = ResponseShell(body, turn)
     want_logprobs = choice_params[0].logprobs is not None  # level 1 drops them

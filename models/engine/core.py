@@ -109,15 +109,15 @@ class EngineCore:
         arrival_time: float | None = None,
         share: str = "",
         tier: int = 0,
+        user: str = "",
     ) -> None:
-        """`arrival_time` (engine clock): when the request arrived, if earlier than now; `share`: whose
-        share of the queue it takes (models/scheduler/fair_shares.py); `tier`: whose slot it may take
-        (models/scheduler/preemption.py). Called from any thread; a grammar not compiled yet is
-        compiled on the compiler's threads (models/engine/intake.py)."""
+        """`arrival_time` (engine clock): when it arrived, if earlier than now; `share` and `user`: whose
+        place in the queue it takes (models/scheduler/fair_shares.py); `tier`: whose slot it may take
+        (models/scheduler/preemption.py). From any thread (models/engine/intake.py compiles grammars)."""
         if self.dead is not None:
             raise EngineDeadError(ENGINE_STOPPED)
         arrived = self.clock() if arrival_time is None else arrival_time
-        seq = Sequence(request_id, list(prompt_token_ids), params, priority, share, tier, arrival_time=arrived)
+        seq = Sequence(request_id, list(prompt_token_ids), params, priority, share, tier, user, arrival_time=arrived)
         request = EngineRequest.build(seq, self.tokenizer, self.runner.device)
         self._inbox.add(request)
 

@@ -175,6 +175,7 @@ class EngineHandle(Protocol):
         arrival_time: float | None = None,
         share: str = "",
         tier: int = 0,
+        user: str = "",
     ) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
     def stop(self, timeout: float = 10.0) -> None: ...
@@ -274,10 +275,12 @@ class AsyncEngine:
         request_id: str | None = None,
         share: str = "",
         tier: int = 0,
+        user: str = "",
     ) -> RequestGroup:
         """Queue one sequence per (prompt token ids, params) pair, e.g. n choices of one prompt;
-        `share`: whose share of the queue they take (the caller's API key: models/scheduler/fair_shares.py);
-        `tier`: whose load figures the request counts in (lower = more important).
+        `share`: whose share of the queue they take (the caller's API key: models/scheduler/fair_shares.py),
+        `user`: whose place within it (the request's end user); `tier`: whose load figures the request
+        counts in and whose running sequences it may preempt (lower = more important).
 
         Use the returned group with `async with`: leaving it aborts what has not finished.
         """
@@ -289,7 +292,7 @@ class AsyncEngine:
         try:
             for sub_id, (prompt_token_ids, params) in zip(ids, sequences, strict=True):
                 self._groups[sub_id] = group
-                self.core.add_request(sub_id, prompt_token_ids, params, priority, share=share, tier=tier)
+                self.core.add_request(sub_id, prompt_token_ids, params, priority, share=share, tier=tier, user=user)
         except BaseException:
             group.close()  # what was sent is aborted; the load figures forget the request
             raise

@@ -209,6 +209,7 @@ def _receive(requests: Connection, core: EngineCore, outbox: _Outbox) -> None:
                             request.arrival_time,
                             share=request.share,
                             tier=request.tier,
+                            user=request.user,
                         )
                     except Exception as exc:  # the loop died; the server fails the request on Died
                         log.warning("request %s refused: %s", request.request_id, exc)

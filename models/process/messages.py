@@ -38,6 +38,7 @@ class NewRequest(NamedTuple):
     arrival_time: float  # time.monotonic(), one clock for both processes
     share: str  # whose share of the queue it takes (models/scheduler/fair_shares.py)
     tier: int  # whose running sequences it may preempt (models/scheduler/preemption.py)
+    user: str  # whose place within the share it takes (models/scheduler/fair_shares.py)
 
 
 class AddRequests(NamedTuple):

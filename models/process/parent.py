@@ -145,12 +145,13 @@ class EngineProcess:
         arrival_time: float | None = None,
         share: str = "",
         tier: int = 0,
+        user: str = "",
     ) -> None:
         if self.dead is not None:
             raise EngineDeadError(ENGINE_STOPPED)
         arrived = time.monotonic() if arrival_time is None else arrival_time  # one clock for both processes
         with self._send_lock:
-            self._adds.append(NewRequest(request_id, prompt_token_ids, params, priority, arrived, share, tier))
+            self._adds.append(NewRequest(request_id, prompt_token_ids, params, priority, arrived, share, tier, user))
             first = len(self._adds) == 1
         if first:
             if threading.get_ident() == self._loop_thread:

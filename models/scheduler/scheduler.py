@@ -135,7 +135,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self._waiting_ids[seq.request_id] = seq
         self.num_waiting_tokens += seq.num_prompt_tokens
-        self._waiting.add((seq.priority, self._shares.tag(seq.share), seq.arrival_order, seq))
+        self._waiting.add((seq.priority, self._shares.tag(seq.share, seq.user), seq.arrival_order, seq))
 
     def kv_usage(self) -> float:
         """The share of the K/V the running batch holds (0 to 1), for the load score and metrics."""
@@ -232,7 +232,7 @@ class Scheduler:
             if self._waiting_ids.get(seq.request_id) is seq:
                 del self._waiting_ids[seq.request_id]
                 self.num_waiting_tokens -= seq.num_prompt_tokens
-                self._shares.left(seq.share)
+                self._shares.left(seq.share, seq.user)
         else:
             if reason is not FinishReason.ERROR:  # after a failed step its slot is not trusted
                 self._keep(seq)
@@ -332,7 +332,7 @@ class Scheduler:
                     return None
                 del self._waiting_ids[seq.request_id]
                 self.num_waiting_tokens -= seq.num_prompt_tokens
-                self._shares.took(seq.share, tag)
+                self._shares.took(seq.share, tag, seq.user)
                 self.num_reserved_tokens += reserved
                 return seq
         return None
@@ -360,7 +360,7 @@ class Scheduler:
             victim.preempt()
             self._waiting_ids[victim.request_id] = victim
             self.num_waiting_tokens += victim.num_prompt_tokens
-            tag = self._shares.tag(victim.share)
+            tag = self._shares.tag(victim.share, victim.user)
             self._waiting.push((victim.priority, tag, victim.arrival_order, victim))
             self.num_preempted += 1
 

@@ -55,6 +55,8 @@ class Sequence:
     # The key's tier (lower = more important): a waiting sequence of a better tier may preempt a
     # running one of a worse tier when the batch is full (models/scheduler/scheduler.py).
     tier: int = 0
+    # The end user it is for, within its share (the request's `user`): the share's users interleave.
+    user: str = ""
     # Set by the scheduler: the order sequences reached it in, the tie-breaker within a priority level.
     arrival_order: int = 0
     # Set by the engine (its clock, seconds): for queue time, TTFT and the queue deadline.

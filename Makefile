@@ -26,8 +26,10 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 install-bench: $(VENV)/.installed-bench
 
+# The tiny model, its smaller size as the light model it falls back to under load, and the tiny
+# encoder for /v1/embeddings: all built offline on first use.
 run: install
-	$(VENV)/bin/surge serve --host $(HOST) --port $(PORT)
+	$(VENV)/bin/surge serve --host $(HOST) --port $(PORT) --model tiny --model tiny-light=tiny:s --light-model tiny-light
 
 lint: install-dev
 	$(VENV)/bin/ruff check app models middleware tests scripts examples

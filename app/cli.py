@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # NOTE: the load tester is a client tool, not part of the server: it lives in scripts/.
         print("surge loadtest is now `python -m scripts.loadtest` (run from a checkout of surge)", file=sys.stderr)
         return 2
-    from app.config.settings import add_serve_arguments, settings_from_namespace
+    from app.config.arguments import add_serve_arguments, settings_from_namespace
 
     parser = argparse.ArgumentParser(prog="surge", description="OpenAI-compatible LLM inference server")
     commands = parser.add_subparsers(dest="command", required=True)

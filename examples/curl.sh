@@ -10,7 +10,7 @@ set -euo pipefail
 
 BASE_URL="${SURGE_BASE_URL:-http://127.0.0.1:8000/v1}"
 AUTH=(-H "Authorization: Bearer ${SURGE_API_KEY:-unused}")
-MODEL="${SURGE_MODEL_NAME:-$(curl -sf "${AUTH[@]}" "$BASE_URL/models" | sed -E 's/.*"id" *: *"([^"]+)".*/\1/')}"
+MODEL="${SURGE_MODEL_NAME:-$(curl -sf "${AUTH[@]}" "$BASE_URL/models" | sed -E 's/"id" *: *"([^"]+)".*/\n\1/; s/.*\n//')}"
 
 echo "== non-streaming"
 curl -sS --fail-with-body "$BASE_URL/chat/completions" "${AUTH[@]}" -H 'Content-Type: application/json' \

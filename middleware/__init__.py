@@ -69,6 +69,10 @@ AFTER_PARSE: tuple[str, ...] = (
     # Level 3 for the sheddable class: a cached reply, else the canned one, never the model. Outside
     # dedup, so a canned reply is never kept as a request's result (admission/canned.py).
     "degraded_reply",
+    # Similar-query merging (opt-in per key): a query close in meaning to one of the key's in flight
+    # or recently answered takes that generation's dedup key; just outside dedup, which then joins
+    # or replays it (dedup/similar.py).
+    "merge_similar",
     # Dedup: identical deterministic requests share one generation; innermost, so only what will run
     # the engine starts a flight (dedup/cache.py).
     "dedup",

@@ -25,10 +25,22 @@ from models import OutputSource, SamplingParams
 # Every protocol's generation endpoint: what the door's per-request layers (requests per minute,
 # concurrency, idempotency keys) apply to.
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+# Every path whose requests spend the model's time: the generation endpoints and embeddings.
+MODEL_PATHS = (*GENERATION_PATHS, "/v1/embeddings")
 
 
 def _nothing_held() -> None:
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class SimilarQuery:
+    """What similar-query merging compares (middleware/dedup/similar.py): the query's text, embedded,
+    and a digest of everything else the output depends on (the conversation before it, tools,
+    formats), which must match exactly."""
+
+    text: str
+    context: str
 
 
 @dataclass(slots=True)
@@ -47,6 +59,10 @@ class Generation:
     # Called when the request reaches the engine: it is no longer held between the layers (admission
     # counts held requests as queued). Idempotent; admission sets it.
     release_hold: Callable[[], None] = _nothing_held
+    # The route's query and context, built on demand (only where merging is on for the key).
+    similar: Callable[[], SimilarQuery | None] | None = None
+    # Set by merging: the dedup key of the similar generation to share, instead of this request's own.
+    dedup_key: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -44,6 +44,7 @@ class KeySet:
     min_priorities: Mapping[bytes, int] = field(default_factory=dict)
     rate_limits: Mapping[str, Limits] = field(default_factory=dict)  # absent: the server-wide limits
     concurrency_limits: Mapping[str, int] = field(default_factory=dict)  # absent: --max-concurrent-per-key
+    merge_similar: Mapping[str, float] = field(default_factory=dict)  # absent: --merge-similar
 
     def __post_init__(self) -> None:
         if not set(self.tiers) | set(self.min_priorities) <= set(self.keys):
@@ -77,6 +78,7 @@ class KeySet:
             keys.min_priorities,
             per_key_limits(keys_file, default_limits),
             keys_file.concurrency_limits(),
+            keys_file.merge_thresholds(),
         )
 
 

@@ -12,7 +12,8 @@ A YAML or JSON mapping from key to settings (or to nothing):
 `min_priority` (0 or negative, default 0) is the lowest body `priority` the key may send, to run
 ahead of its tier's ordinary requests (middleware/admission/priority.py); `max_concurrent`
 (sequences in flight: prompts x n of each request) overrides `--max-concurrent-per-key` (0 = no
-limit). Every key in the file is a
+limit); `merge_similar` (a cosine similarity, 0 = off) overrides `--merge-similar` for the key's
+requests (middleware/dedup/similar.py). Every key in the file is a
 valid API key. The file is checked once at start-up; any problem is a `KeysFileError` that
 names the file, the key and the field. Must not know `app/`.
 """
@@ -28,7 +29,8 @@ import yaml
 
 from middleware.admission.priority import MAX_PRIORITY
 
-FIELDS = ("rpm", "tpm", "tier", "min_priority", "max_concurrent")
+FIELDS = ("rpm", "tpm", "tier", "min_priority", "max_concurrent", "merge_similar")
+_INTEGER_FIELDS = FIELDS[:-1]
 
 
 class KeysFileError(ValueError):
@@ -43,6 +45,7 @@ class KeyEntry:
     tier: int | None = None  # None: no tier of its own
     min_priority: int = 0  # the lowest body priority the key may send
     max_concurrent: int | None = None  # sequences in flight; None: --max-concurrent-per-key; 0: no limit
+    merge_similar: float | None = None  # similar-query merging's threshold; None: --merge-similar; 0: off
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,9 @@ class KeysFile:
 
     def concurrency_limits(self) -> dict[str, int]:
         return {entry.key: entry.max_concurrent for entry in self.entries if entry.max_concurrent is not None}
+
+    def merge_thresholds(self) -> dict[str, float]:
+        return {entry.key: entry.merge_similar for entry in self.entries if entry.merge_similar is not None}
 
     def min_priorities(self) -> dict[str, int]:
         return {entry.key: entry.min_priority for entry in self.entries if entry.min_priority}
@@ -96,7 +102,7 @@ def _entry(key: object, value: object, source: str) -> KeyEntry:
     unknown = sorted(str(name) for name in value if name not in FIELDS)
     if unknown:
         raise KeysFileError(f"{label}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(FIELDS)}")
-    for name in FIELDS:
+    for name in _INTEGER_FIELDS:
         field_value = value.get(name)
         # bool is an int in Python; `rpm: yes` is a mistake, not 1.
         if field_value is not None and (not isinstance(field_value, int) or isinstance(field_value, bool)):
@@ -107,8 +113,17 @@ def _entry(key: object, value: object, source: str) -> KeyEntry:
     min_priority = value.get("min_priority") or 0
     if not -MAX_PRIORITY <= min_priority <= 0:
         raise KeysFileError(f"{label}: min_priority must be 0 or negative, down to {-MAX_PRIORITY}")
+    merge = value.get("merge_similar")
+    if merge is not None and (isinstance(merge, bool) or not isinstance(merge, int | float) or not 0 <= merge <= 1):
+        raise KeysFileError(f"{label}: merge_similar must be a number from 0 (off) to 1, not {merge!r}")
     return KeyEntry(
-        key, value.get("rpm"), value.get("tpm"), value.get("tier"), min_priority, value.get("max_concurrent")
+        key,
+        value.get("rpm"),
+        value.get("tpm"),
+        value.get("tier"),
+        min_priority,
+        value.get("max_concurrent"),
+        float(merge) if merge is not None else None,
     )
 
 

@@ -25,6 +25,12 @@ if TYPE_CHECKING:
         ModelConfig as ModelConfig,
         SchedulerConfig as SchedulerConfig,
     )
+    from models.embedding.info import (
+        Embedder as Embedder,
+        EmbeddingQueueFull as EmbeddingQueueFull,
+        EncoderInfo as EncoderInfo,
+    )
+    from models.embedding.process import start_embeddings as start_embeddings
     from models.engine.outputs import (
         ENGINE_STOPPED as ENGINE_STOPPED,
         OutputSource as OutputSource,
@@ -67,6 +73,10 @@ FACE: dict[str, str] = {
     "ModelConfig": "models.config",
     "QUANTIZATIONS": "models.config",
     "SchedulerConfig": "models.config",
+    "Embedder": "models.embedding.info",
+    "EmbeddingQueueFull": "models.embedding.info",
+    "EncoderInfo": "models.embedding.info",
+    "start_embeddings": "models.embedding.process",
     "ENGINE_STOPPED": "models.engine.outputs",
     "OutputSource": "models.engine.outputs",
     "RequestOutput": "models.engine.outputs",

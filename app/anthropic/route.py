@@ -16,14 +16,16 @@ from app.anthropic.request import CountTokensRequest, MessagesRequest
 from app.anthropic.stream import MessageEvents
 from app.anthropic.turn import build_turn
 from app.generation.collect import collect, unless_disconnected
+from app.generation.light import light_route
 from app.generation.pipeline import start_generation
+from app.generation.reply_plan import plan_reply
+from app.generation.similar import similar_query
 from app.generation.streaming import stream_response
 from app.generation.turn import Turn
-from app.generation.validation import check_model, check_text_fits, sampling_params, tokenize_sized
-from app.reasoning import prompt_opens_reasoning, split_reasoning
+from app.generation.validation import check_text_fits, sampling_params, tokenize_sized
+from app.reasoning import split_reasoning
 from app.runtime.body import documented_body, json_body
-from app.runtime.state import ServerState, generation_inputs, get_engine
-from app.tools.choice import plan_and_constrain
+from app.runtime.state import generation_inputs, get_engine
 from middleware.errors import invalid_request
 from models import AsyncEngine
 
@@ -43,19 +45,27 @@ def _prompt(engine: AsyncEngine, turn: Turn) -> list[int]:
 @router.post("/v1/messages", response_model=None, openapi_extra=documented_body(MessagesRequest))
 async def create_message(request: Request) -> Response:
     body, state, engine = await generation_inputs(request, _parse_body)
-    check_model(state.settings, body.model)
     turn = build_turn(body)
     prompt = await tokenize_sized(len(await request.body()), lambda: _prompt(engine, turn))
+    if (light := light_route(request, state, engine, len(prompt), body.max_tokens)) is not None:
+        engine, body = (
+            light.served.engine,
+            body.model_copy(update={"model": light.served.name, "max_tokens": light.max_tokens}),
+        )
+        prompt = await tokenize_sized(len(await request.body()), lambda: _prompt(engine, turn))
     choice_params = sampling_params(engine, state.settings, body, [len(prompt)], body.max_tokens, "max_tokens")
-    constraints = state.constraints(request, engine.grammars)
-    special_id = engine.tokenizer.special_token_id
-    plan, choice_params = await plan_and_constrain(constraints, turn, state.tool_format, special_id, choice_params)
-    reasoning = None
-    if state.reasons:
-        reasoning = prompt_opens_reasoning(str(engine.tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False)))
+    plan, choice_params, reasoning = await plan_reply(request, state, engine, turn, prompt, choice_params)
     user = (body.metadata or {}).get("user_id")
     started = await start_generation(
-        request, state, [prompt], choice_params, body.priority, "messages", user if isinstance(user, str) else None
+        request,
+        state,
+        engine,
+        [prompt],
+        choice_params,
+        body.priority,
+        "messages",
+        user if isinstance(user, str) else None,
+        similar_query(body, "messages"),
     )
     group, headers = started.source, started.headers
     if body.stream:
@@ -87,9 +97,7 @@ async def create_message(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as `POST /v1/messages` would render it (`max_tokens` not needed)."""
     body = await _parse_count(request)
-    state: ServerState = request.app.state.surge
-    check_model(state.settings, body.model)
-    engine = await get_engine(request)
+    engine = await get_engine(request, body.model)
     turn = build_turn(body)
     prompt = await tokenize_sized(len(await request.body()), lambda: _prompt(engine, turn))
     return JSONResponse({"input_tokens": len(prompt)})

@@ -12,11 +12,13 @@ from app.chat.encoder import ChatChunkEncoder
 from app.chat.render import chat_finish_reason, tool_calls_json
 from app.chat.request import ChatCompletionRequest
 from app.generation.collect import ChoiceResult, collect, unless_disconnected
+from app.generation.light import light_route
 from app.generation.pipeline import start_generation
 from app.generation.rendered import generate_request
+from app.generation.reply_plan import plan_reply
+from app.generation.similar import similar_query
 from app.generation.streaming import stream_response
 from app.generation.validation import (
-    check_model,
     check_template_variables,
     check_text_fits,
     sampling_params,
@@ -24,10 +26,10 @@ from app.generation.validation import (
 )
 from app.openai import Usage, cached_tokens, new_chat_completion_id
 from app.openai.render import chat_logprobs_json
-from app.reasoning import prompt_opens_reasoning, split_reasoning
+from app.reasoning import split_reasoning
 from app.runtime.body import documented_body, json_body
 from app.runtime.state import generation_inputs, render_inputs
-from app.tools.choice import ToolPlan, plan_and_constrain
+from app.tools.choice import ToolPlan
 from middleware.errors import invalid_request
 from models import AsyncEngine
 
@@ -52,7 +54,6 @@ async def render_chat_completion(request: Request) -> Response:
     """vLLM's render endpoint: the prompt's token ids and sampling parameters, nothing generated
     (what a router tokenizes with to route by prefix: docs/fleet.md)."""
     body, state, engine = await render_inputs(request, _parse_body)
-    check_model(state.settings, body.model)
     check_template_variables(engine, body.chat_template_kwargs)
     prompt = await tokenize_sized(len(await request.body()), lambda: chat_prompt(engine, body))
     choices = sampling_params(engine, state.settings, body, [len(prompt)], body.requested_max_tokens, "messages")
@@ -67,18 +68,27 @@ async def render_chat_completion(request: Request) -> Response:
 )
 async def create_chat_completion(request: Request) -> Response:
     body, state, engine = await generation_inputs(request, _parse_body)
-    check_model(state.settings, body.model)
     check_template_variables(engine, body.chat_template_kwargs)
 
     prompt = await tokenize_sized(len(await request.body()), lambda: chat_prompt(engine, body))
+    if (light := light_route(request, state, engine, len(prompt), body.requested_max_tokens)) is not None:
+        engine = light.served.engine
+        update = {"model": light.served.name, "max_tokens": light.max_tokens, "max_completion_tokens": None}
+        body = body.model_copy(update=update)
+        prompt = await tokenize_sized(len(await request.body()), lambda: chat_prompt(engine, body))
     choice_params = sampling_params(engine, state.settings, body, [len(prompt)], body.requested_max_tokens, "messages")
-    constraints = state.constraints(request, engine.grammars)
-    special_id = engine.tokenizer.special_token_id
-    plan, choice_params = await plan_and_constrain(constraints, body, state.tool_format, special_id, choice_params)
-    reasoning = None  # for a reasoning model: whether the reply starts inside a reasoning block
-    if state.reasons:
-        reasoning = prompt_opens_reasoning(str(engine.tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False)))
-    started = await start_generation(request, state, [prompt], choice_params, body.priority, "chat", body.user)
+    plan, choice_params, reasoning = await plan_reply(request, state, engine, body, prompt, choice_params)
+    started = await start_generation(
+        request,
+        state,
+        engine,
+        [prompt],
+        choice_params,
+        body.priority,
+        "chat",
+        body.user,
+        similar_query(body, "messages"),
+    )
     group, choice_params, headers = started.source, started.choice_params, started.headers
     completion_id = new_chat_completion_id()
     created = int(time.time())

@@ -10,10 +10,12 @@ from starlette.responses import JSONResponse, Response
 from app.completions.chunks import CompletionChunkEncoder, CompletionChunks
 from app.completions.request import CompletionRequest
 from app.generation.collect import ChoiceResult, collect, unless_disconnected
+from app.generation.light import light_route
 from app.generation.pipeline import start_generation
 from app.generation.rendered import generate_request
+from app.generation.similar import similar_query
 from app.generation.streaming import stream_response
-from app.generation.validation import check_model, check_text_fits, sampling_params, tokenize_sized
+from app.generation.validation import check_text_fits, sampling_params, tokenize_sized
 from app.openai import Usage, cached_tokens, new_completion_id
 from app.openai.render import completion_logprobs_json, finish_reason_text
 from app.response_format import constrain
@@ -48,7 +50,6 @@ def completion_prompts(engine: AsyncEngine, body: CompletionRequest) -> list[lis
 async def render_completion(request: Request) -> Response:
     """vLLM's render endpoint: per prompt, its token ids and sampling parameters, nothing generated."""
     body, state, engine = await render_inputs(request, _parse_body)
-    check_model(state.settings, body.model)
     prompts = await tokenize_sized(len(await request.body()), lambda: completion_prompts(engine, body))
     rendered = []
     for ids in prompts:
@@ -64,12 +65,28 @@ async def render_completion(request: Request) -> Response:
 )
 async def create_completion(request: Request) -> Response:
     body, state, engine = await generation_inputs(request, _parse_body)
-    check_model(state.settings, body.model)
     prompts = await tokenize_sized(len(await request.body()), lambda: completion_prompts(engine, body))
+    num_tokens = sum(len(ids) for ids in prompts)
+    if (light := light_route(request, state, engine, num_tokens, body.requested_max_tokens)) is not None:
+        engine, body = (
+            light.served.engine,
+            body.model_copy(update={"model": light.served.name, "max_tokens": light.max_tokens}),
+        )
+        prompts = await tokenize_sized(len(await request.body()), lambda: completion_prompts(engine, body))
     prompt_lens = [len(ids) for ids in prompts]
     choice_params = sampling_params(engine, state.settings, body, prompt_lens, body.requested_max_tokens, "prompt")
     choice_params = await constrain(state.constraints(request, engine.grammars), body.response_format, choice_params)
-    started = await start_generation(request, state, prompts, choice_params, body.priority, "completions", body.user)
+    started = await start_generation(
+        request,
+        state,
+        engine,
+        prompts,
+        choice_params,
+        body.priority,
+        "completions",
+        body.user,
+        similar_query(body, "prompt"),
+    )
     group, choice_params, headers = started.source, started.choice_params, started.headers
     completion_id = new_completion_id()
     created = int(time.time())

@@ -1,8 +1,8 @@
 """Every `surge serve` option: its flag, its `SURGE_*` variable, its type and its help.
 
 The single list of serve options: the CLI, the environment and the table of
-docs/configuration.md come from it. Defaults live on `app.config.settings.Settings`, which
-imports this list (never the other way).
+docs/configuration.md come from it (app/config/arguments.py builds the parser). Defaults live on
+`app.config.settings.Settings`, which this list never imports.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "model",
         str,
-        "`tiny` (embedded, built offline), `echo` (no model: measures serving overhead), a Hugging Face model"
-        " directory, or a hub id",
+        "`tiny` (embedded, built offline; `tiny:s` its smaller size), `echo` (no model: measures serving"
+        " overhead), a Hugging Face model directory, or a hub id. Repeatable: each further `--model NAME=MODEL`"
+        " serves one more chat model, with an engine of its own, picked by the request's `model`",
+        multiple=True,
     ),
     Option("revision", str, "hub ids only: branch, tag or commit to download; empty = the default branch"),
     Option(
@@ -141,6 +143,20 @@ OPTIONS: tuple[Option, ...] = (
         " prompts and max_tokens fit; start-up fails if one sequence does not; `0` = unchecked",
     ),
     Option("served_model_name", str, "model name in the API; empty = the --model value"),
+    Option("light_model", str, "a further --model's name: takes simple requests under load (docs/traffic.md)"),
+    Option("light_model_level", int, "the degradation level (1-4) from which simple requests go to --light-model"),
+    Option("light_model_max_prompt_tokens", int, "it takes requests of this many prompt tokens at most"),
+    Option("light_model_max_tokens", int, "... and max_tokens at most this (left out: capped at it)"),
+    Option("light_model_min_tier", int, "... from a key tier of at least this (1: tier 0 keeps its model)"),
+    Option("embedding_model", str, "/v1/embeddings' model: `tiny`, an encoder directory or hub id; empty = none"),
+    Option("served_embedding_model_name", str, "its name in the API; empty = `tiny-embedding` or --embedding-model"),
+    Option("embedding_threads", int, "torch CPU threads of the embedding model's batching thread"),
+    Option(
+        "merge_similar",
+        float,
+        "merge similar queries: a cosine similarity (0 = off) within which a deterministic request of a key"
+        " shares a recent one's generation (docs/traffic.md#merging-similar-queries)",
+    ),
     Option(
         "model_version",
         str,

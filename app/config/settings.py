@@ -1,18 +1,11 @@
-"""Server settings: one frozen object, built once from flags and `SURGE_*` environment variables.
-
-Precedence: a command-line flag, then `SURGE_<NAME>` (e.g. `SURGE_MAX_NUM_SEQS`), then the
-default. List settings (`--api-key`, `--cors-origin`) repeat the flag, or take a
-comma-separated environment variable.
+"""Server settings: one frozen object, built once from flags and `SURGE_*` environment variables
+(app/config/arguments.py), its checks, and what the rest of the server derives from it.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from app.config.options import OPTIONS
 from app.config.sizes import parse_size
 from middleware.admission.admission import AdmissionConfig
 from middleware.admission.degradation import DegradationConfig
@@ -60,6 +53,17 @@ class Settings:
     warm_templates: str = ""
     kv_cache_memory: str = f"{_SCHEDULER.kv_cache_share:.0%}"
     served_model_name: str = ""
+    # Each further --model: "name=model", one more chat model with an engine of its own.
+    models: tuple[str, ...] = ()
+    light_model: str = ""
+    light_model_level: int = 2
+    light_model_max_prompt_tokens: int = 1024
+    light_model_max_tokens: int = 256
+    light_model_min_tier: int = 0
+    embedding_model: str = "tiny"
+    served_embedding_model_name: str = ""
+    embedding_threads: int = 1
+    merge_similar: float = 0.0
     model_version: str = ""
     tool_call_parser: str = "auto"
     json_schema_objects: str = "closed"
@@ -192,6 +196,15 @@ class Settings:
             or self.responses_store_ttl_seconds <= 0
         ):
             raise ValueError("responses_store_max_entries, _max_bytes and _ttl_seconds must be positive")
+        if self.embedding_threads < 1 or not 0 <= self.merge_similar <= 1:
+            raise ValueError("embedding_threads must be at least 1, merge_similar from 0 (off) to 1 (a cosine)")
+        if self.merge_similar and not (self.embedding_model and self.dedup_ttl_seconds):
+            raise ValueError("merge_similar needs an embedding model (--embedding-model) and dedup on (a TTL)")
+        names = [name for name, _ in self.chat_models]  # a malformed --model NAME=MODEL raises here
+        if len(set(names)) < len(names) or self.embedding_model_name in names:
+            raise ValueError("every served model needs a name of its own (--model NAME=..., --served-*-model-name)")
+        if self.light_model and (self.light_model not in names or not 1 <= self.light_model_level <= 4):
+            raise ValueError("light_model must name a served chat model, light_model_level be from 1 to 4")
         if self.dedup_ttl_seconds < 0:
             raise ValueError("dedup_ttl_seconds must be 0 (off) or positive")
         if self.max_request_tokens < 0 or self.max_request_output_tokens < 1:
@@ -289,6 +302,45 @@ class Settings:
         return self.served_model_name or self.model
 
     @property
+    def chat_models(self) -> tuple[tuple[str, str], ...]:
+        """(name in the API, --model value) of every chat model served, the main one first."""
+        extra = []
+        for entry in self.models:
+            name, sep, source = entry.partition("=")
+            if not sep or not name.strip() or not source.strip():
+                raise ValueError(f"--model {entry!r}: each further model is NAME=MODEL (a name, a path or hub id)")
+            extra.append((name.strip(), source.strip()))
+        return ((self.model_name, self.model), *extra)
+
+    def engine_of(self, source: str) -> EngineConfig:
+        """A further chat model's engine config: the main one's, with `source`'s weights."""
+        return replace(self.engine, model=replace(self.engine.model, model=source, revision=""))
+
+    def chat_model_named(self, requested: str) -> str | None:
+        """The served name of the chat model `requested` names (a name, or the main --model value)."""
+        names = dict(self.chat_models)
+        if requested in names:
+            return requested
+        return self.model_name if requested == self.model else None
+
+    @property
+    def embedding_model_name(self) -> str:
+        """The embeddings model's name in the API ("" when none is served)."""
+        if not self.embedding_model:
+            return ""
+        default = "tiny-embedding" if self.embedding_model == "tiny" else self.embedding_model
+        return self.served_embedding_model_name or default
+
+    def names_embedding_model(self, requested: str) -> bool:
+        """`requested` is the embedding model's served name, or its --embedding-model value where
+        that is not also the chat model's (`tiny` names the chat model)."""
+        if not self.embedding_model:
+            return False
+        if requested == self.embedding_model_name:
+            return True
+        return requested == self.embedding_model and self.chat_model_named(requested) is None
+
+    @property
     def version_label(self) -> str:
         """What surge_model_info says this deployment's model version is."""
         return self.model_version or self.revision or "unversioned"
@@ -309,55 +361,6 @@ def _read_template(path: str) -> str:
             return f.read()
     except OSError as exc:
         raise ValueError(f"--chat-template {path}: {exc.strerror or exc}") from exc
-
-
-def default_of(name: str) -> object:
-    """An option's default: it lives once, on the Settings field of the same name."""
-    return Settings.__dataclass_fields__[name].default
-
-
-def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    for option in OPTIONS:
-        # argparse formats help with %: a literal one (`50%`) must be doubled, or --help raises.
-        text = option.help.replace("%", "%%") + f" [{option.env}]"
-        if option.multiple:
-            # Resolved in settings_from_namespace: a flag given on the command line replaces the env list.
-            parser.add_argument(option.flag, action="append", default=None, help=text)
-            continue
-        raw = environ.get(option.env)
-        default = option.type(raw) if raw is not None else default_of(option.name)
-        parser.add_argument(
-            option.flag,
-            type=option.type,
-            default=default,
-            choices=option.choices,
-            help=text,
-        )
-
-
-def settings_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
-    values = {}
-    for option in OPTIONS:
-        value = getattr(ns, option.name)
-        if option.multiple:
-            if value is None:
-                raw = environ.get(option.env)
-                value = [v.strip() for v in (raw or "").split(",") if v.strip()]
-                if option.name == "api_key" and raw is not None and not value:
-                    # NOTE: a Secret that rendered empty must not silently turn auth off.
-                    raise ValueError(f"{option.env} is set but holds no key; unset it to run without auth")
-            elif option.name == "api_key" and not all(v.strip() for v in value):
-                raise ValueError(f"{option.flag} needs a key, not an empty string")
-            value = tuple(value)
-        values[option.name] = value
-    return Settings(**values)
-
-
-def parse_settings(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> Settings:
-    parser = argparse.ArgumentParser(prog="surge serve")
-    env = os.environ if environ is None else environ
-    add_serve_arguments(parser, env)
-    return settings_from_namespace(parser.parse_args(list(argv)), env)
 
 
 def parse_threads(text: str) -> int:

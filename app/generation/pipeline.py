@@ -8,12 +8,13 @@ the canned reply) and puts the submission to the engine innermost.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fastapi import Request
 
 from app.config.settings import Settings
+from app.generation.similar import query_embedder
 from app.runtime.state import RETRY_AFTER_SECONDS, ServerState
 from middleware import AFTER_PARSE
 from middleware.admission.admission import DEGRADED_HEADER, Admission, AdmissionLayer
@@ -21,12 +22,16 @@ from middleware.admission.canned import DegradedReplyLayer
 from middleware.admission.degradation import TierLevels, load_score
 from middleware.admission.priority import check_priority, engine_priority
 from middleware.dedup.cache import DedupLayer
+from middleware.dedup.similar import MergeSimilarLayer
 from middleware.errors import service_unavailable
-from middleware.generation import Generation, GenerationLayer, Handler, chain
+from middleware.generation import Generation, GenerationLayer, Handler, SimilarQuery, chain
 from middleware.rate_limit.concurrency import ConcurrencyLayer
 from middleware.rate_limit.tokens import TokenLayer
 from models import AsyncEngine, OutputSource, SamplingParams
 
+# Which served model answered (its name; the body's `model` says it too): a request may be given
+# the light model under load (app/generation/light.py).
+MODEL_HEADER = "x-surge-model"
 # An end user's name is kept to this many characters: it is only a key for the queue's fairness.
 MAX_USER_CHARS = 256
 
@@ -43,16 +48,18 @@ class Started:
 async def start_generation(
     request: Request,
     state: ServerState,
+    engine: AsyncEngine,
     prompts: Sequence[list[int]],
     choice_params: Sequence[SamplingParams],
     priority: int,
     endpoint: str,
     user: str | None = None,
+    similar: Callable[[], SimilarQuery | None] | None = None,
 ) -> Started:
-    """Run the after-parse layers on one request: the source to render, the sampling parameters of
-    its choices as degraded, and the response headers (the degradation level, when one applied)."""
-    if state.pipeline is None:  # built with the engine; the routes ask for the engine first
-        raise state.not_ready_error()
+    """Run the after-parse layers of `engine`'s model on one request: the source to render, the
+    sampling parameters of its choices as degraded, and the response headers (the model that
+    answers; the degradation level, when one applied)."""
+    served = state.served(engine)
     key_state = request.scope.get("state", {})
     check_priority(priority, key_state.get("min_priority", 0))
     tier = key_state.get("priority_tier", 0)
@@ -63,8 +70,10 @@ async def start_generation(
         request.scope, request.headers, endpoint, prompts, params, engine_priority(tier, priority), tier
     )
     generation.user = (named or user or "")[:MAX_USER_CHARS]
-    source = await state.pipeline(generation)
-    return Started(source, generation.choice_params, degraded_headers(generation.level))
+    generation.similar = similar
+    source = await served.pipeline(generation)
+    headers = {MODEL_HEADER: served.name, **degraded_headers(generation.level)}
+    return Started(source, generation.choice_params, headers)
 
 
 def degraded_headers(level: int) -> dict[str, str]:
@@ -72,13 +81,15 @@ def degraded_headers(level: int) -> dict[str, str]:
     return {DEGRADED_HEADER: str(level)} if level else {}
 
 
-def build_pipeline(settings: Settings, state: ServerState, engine: AsyncEngine) -> Handler:
-    """The after-parse layers in `AFTER_PARSE` order around the submission to `engine`; sets
-    `state.admission` (the door's queue check and the metrics read it)."""
+def build_pipeline(
+    settings: Settings, state: ServerState, engine: AsyncEngine, model: str
+) -> tuple[Handler, Admission]:
+    """The after-parse layers in `AFTER_PARSE` order around the submission to `engine`, serving
+    `model` (its name in the API), and their admission (its queue bounds and degradation levels)."""
     core = engine.core
     degradation = settings.degradation
     tiers = {0, *(settings.keys.priority_tiers().values() if settings.keys is not None else ())}
-    state.admission = admission = Admission(
+    admission = Admission(
         settings.admission,
         TierLevels(degradation, lambda tier: load_score(engine.load_snapshot(tier), degradation), tiers=tiers),
         queue=lambda: (core.num_waiting, core.num_waiting_tokens),
@@ -92,13 +103,16 @@ def build_pipeline(settings: Settings, state: ServerState, engine: AsyncEngine) 
         "rate_limit_tokens": TokenLayer(),
         "degraded_reply": DegradedReplyLayer(
             state.dedup,
-            model=settings.model_name,
+            model=model,
             shed_priority=settings.admission.shed_priority,
             text=canned,
             token_ids=engine.tokenizer.hf.encode(canned, add_special_tokens=False),
             shed=admission.shed,
         ),
-        "dedup": DedupLayer(state.dedup, model=settings.model_name),
+        "merge_similar": MergeSimilarLayer(
+            state.dedup, state.similar, query_embedder(state), model=model, default=settings.merge_similar
+        ),
+        "dedup": DedupLayer(state.dedup, model=model),
     }
 
     async def submit(generation: Generation) -> OutputSource:
@@ -119,4 +133,4 @@ def build_pipeline(settings: Settings, state: ServerState, engine: AsyncEngine) 
 
     if set(layers) != set(AFTER_PARSE):
         raise RuntimeError(f"after-parse layers {sorted(layers)} do not match middleware.AFTER_PARSE {AFTER_PARSE}")
-    return chain([layers[name] for name in AFTER_PARSE], submit)
+    return chain([layers[name] for name in AFTER_PARSE], submit), admission

@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 from app.config.settings import Settings
 from app.runtime.request_budget import RequestBudget
-from middleware.errors import invalid_request, not_found_model
+from middleware.errors import invalid_request
 from models import AsyncEngine, SamplingParams
 
 
@@ -48,11 +48,6 @@ class OneChoice:
     @property
     def stop_token_ids(self) -> list[int] | None:
         return None
-
-
-def check_model(settings: Settings, requested: str) -> None:
-    if requested not in (settings.model_name, settings.model):
-        raise not_found_model(requested)
 
 
 def check_template_variables(engine: AsyncEngine, variables: Mapping[str, Any] | None) -> None:

@@ -134,12 +134,13 @@ def install_tracemalloc(role: str) -> TracemallocDumper | None:
     return dumper
 
 
-def _init_then_trace(init: Callable[[], None]) -> None:
+def _init_then_trace(init: Callable[[], None], role: str) -> None:
     init()
-    install_tracemalloc("engine")
+    install_tracemalloc(role)
 
 
-def engine_process_init(log_level: str, log_format: str) -> Callable[[], None]:
-    """The engine child's init (picklable): logging as the server's (same level, format and
-    stream), then `install_tracemalloc("engine")` (with SURGE_TRACEMALLOC set, it is traced too)."""
-    return functools.partial(_init_then_trace, functools.partial(configure_logging, log_level, log_format))
+def engine_process_init(log_level: str, log_format: str, role: str = "engine") -> Callable[[], None]:
+    """A child process's init (picklable; the engine's, or the embedding model's with its own
+    `role`): logging as the server's (same level, format and stream), then
+    `install_tracemalloc(role)` (with SURGE_TRACEMALLOC set, it is traced too)."""
+    return functools.partial(_init_then_trace, functools.partial(configure_logging, log_level, log_format), role)

@@ -26,17 +26,18 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GRAMMAR_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-class EngineMetrics:
-    """The engine's observer: histograms and counters updated from the engine thread. They reach
-    `registry` through `VllmNamed`, which adds vLLM's names for those that have one."""
+class EngineFamilies:
+    """The engine's histogram and counter families, once per registry: every served model's
+    `EngineMetrics` is one `model` label of them. They reach `registry` through `VllmNamed`, which
+    adds vLLM's names for those that have one."""
 
-    def __init__(self, registry: CollectorRegistry, model: str) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         families: list[Collector] = []
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             family = Histogram(name, doc, ["model"], registry=None, buckets=buckets)
             families.append(family)
-            return family.labels(model)
+            return family
 
         def counter(name: str, doc: str, labels: list[str]) -> Counter:
             family = Counter(name, doc, labels, registry=None)
@@ -65,18 +66,14 @@ class EngineMetrics:
             "Seconds of one engine step's forward pass and sampling: what each decoding sequence waits per token.",
             TOKEN_GAP_BUCKETS,
         )
-        self.prompt_tokens = counter("surge_prompt_tokens", "Prompt tokens prefilled.", ["model"]).labels(model)
-        self.generation_tokens = counter("surge_generation_tokens", "Tokens generated.", ["model"]).labels(model)
-        finished = counter(
+        self.prompt_tokens = counter("surge_prompt_tokens", "Prompt tokens prefilled.", ["model"])
+        self.generation_tokens = counter("surge_generation_tokens", "Tokens generated.", ["model"])
+        self.finished = counter(
             "surge_requests_finished",
             "Sequences ended, by finish reason (stop, length, error, rejected: dropped after "
             "waiting too long); aborted ones are in surge_requests_aborted_total.",
             ["model", "finish_reason"],
         )
-        # Every reason exists from the start (at 0), so rate() works from the first scrape.
-        self.finished: dict[FinishReason, Counter] = {
-            reason: finished.labels(model, reason.value) for reason in FinishReason if reason is not FinishReason.ABORT
-        }
         self.grammar_masks = histogram(
             "surge_grammar_mask_seconds",
             "Seconds computing one engine step's token masks for its constrained rows (beside its forward pass).",
@@ -88,6 +85,29 @@ class EngineMetrics:
             GRAMMAR_BUCKETS,
         )
         registry.register(VllmNamed(families))
+
+
+class EngineMetrics:
+    """One served model's engine observer: its label of the families, updated from its engine's
+    thread (or its process's receiver)."""
+
+    def __init__(self, families: EngineFamilies, model: str) -> None:
+        self.ttft = families.ttft.labels(model)
+        self.token_gap = families.token_gap.labels(model)
+        self.e2e = families.e2e.labels(model)
+        self.queue_time = families.queue_time.labels(model)
+        self.batch_size = families.batch_size.labels(model)
+        self.step_time = families.step_time.labels(model)
+        self.prompt_tokens = families.prompt_tokens.labels(model)
+        self.generation_tokens = families.generation_tokens.labels(model)
+        # Every reason exists from the start (at 0), so rate() works from the first scrape.
+        self.finished: dict[FinishReason, Counter] = {
+            reason: families.finished.labels(model, reason.value)
+            for reason in FinishReason
+            if reason is not FinishReason.ABORT
+        }
+        self.grammar_masks = families.grammar_masks.labels(model)
+        self.grammar_compile = families.grammar_compile.labels(model)
         # Where the prefix cache's block events go (app/ops/kv_events.py), when they are published.
         self.kv_events: Callable[[list[KvEvent]], None] | None = None
 

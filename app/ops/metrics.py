@@ -29,19 +29,17 @@ from prometheus_client.registry import Collector
 from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
 from starlette.responses import Response
 
-from app.ops.engine_metrics import EngineMetrics
+from app.ops.embedding_metrics import EmbeddingCollector
+from app.ops.engine_metrics import EngineFamilies, EngineMetrics
+from app.ops.model_metrics import model_metrics
 from app.ops.vllm_names import cache_config_info, with_vllm_names
 from app.response_format import CONSTRAINED_KINDS
 from app.runtime.connections import Connections
 from app.runtime.state import ServerState
-from middleware.admission.degradation import load_signals
 from middleware.errors import error_json
-from models import PrefixCacheStats, read_gpu_stats
+from models import read_gpu_stats
 
 log = logging.getLogger("surge.metrics")
-
-# Engine workers per process: one engine thread. Per-worker queue depth is the HPA's metric.
-NUM_WORKERS = 1
 
 
 class ServerCollector(Collector):
@@ -64,9 +62,6 @@ class ServerCollector(Collector):
 
     def _collect(self) -> Iterator[Metric]:
         state, model = self._state, self._model
-        engine = state.engine
-        core = engine.core if engine is not None else None
-        num_waiting = state.num_held + (core.num_waiting if core is not None else 0)
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             family = GaugeMetricFamily(name, doc, labels=["model"])
@@ -78,86 +73,7 @@ class ServerCollector(Collector):
             family.add_metric([model], value)
             return family
 
-        yield gauge(
-            "surge_requests_waiting",
-            "Requests not yet running: the engine's queue plus those held in the HTTP layer "
-            "between admission and submission.",
-            num_waiting,
-        )
-        yield gauge(
-            "surge_requests_running", "Sequences in the running batch.", core.num_running if core is not None else 0
-        )
-        yield gauge(
-            "surge_requests_in_queue_per_worker",
-            "surge_requests_waiting per engine worker (one per process): the autoscaling metric.",
-            num_waiting / NUM_WORKERS,
-        )
-        yield gauge(
-            "surge_kv_cache_usage_ratio",
-            "Tokens held by running sequences over the KV cache's capacity (max_num_seqs x max_model_len);"
-            " where surge_kv_cache_max_tokens is set, the tokens they were admitted for over it.",
-            core.kv_usage if core is not None else 0.0,
-        )
-        scheduler = engine.config.scheduler if engine is not None else None
-        info = GaugeMetricFamily(
-            "surge_model_info",
-            "1, labelled with the served model and its version (--model-version): join it on the pod to compare"
-            " a canary's latencies and errors with the stable deployment's.",
-            labels=["model", "model_version"],
-        )
-        info.add_metric([model, state.settings.version_label], 1.0)
-        yield info
-        yield gauge(
-            "surge_max_num_seqs",
-            "Sequences decoded together: --max-num-seqs, or fewer where the K/V's memory budget holds fewer.",
-            scheduler.max_num_seqs if scheduler is not None else 0,
-        )
-        yield gauge(
-            "surge_kv_cache_max_tokens",
-            "Where the K/V's budget counts tokens (the CPU's reserved cache), the tokens running sequences may"
-            " be admitted for (prompt plus max_tokens each); 0 when max_num_seqs x max_model_len bound them.",
-            scheduler.max_kv_tokens if scheduler is not None else 0,
-        )
-        yield gauge(
-            "surge_kv_cache_budget_bytes",
-            "The K/V's memory budget, slots and prefix cache together (--kv-cache-memory); 0 when unchecked.",
-            scheduler.kv_cache_bytes if scheduler is not None else 0,
-        )
-        yield from _prefix_cache_metrics(
-            core.prefix_cache_stats if core is not None else PrefixCacheStats(), gauge, counter
-        )
-        admission = state.admission
-        # One series per tier (the keys file's, and 0): each tier has its own level. `max by (pod)` over
-        # them is the level of the most degraded tier, what the single series was before.
-        levels = GaugeMetricFamily(
-            "surge_degradation_level",
-            "Current degradation level of each tier (lower = more important), 0 (normal) to 4 (shedding).",
-            labels=["model", "tier"],
-        )
-        for tier, level in (admission.levels.levels() if admission is not None else {0: 0}).items():
-            levels.add_metric([model, str(tier)], level)
-        yield levels
-        signals = GaugeMetricFamily(
-            "surge_degradation_signal_ratio",
-            "Each degradation signal over its bound for the whole server (1 = at it; the load score is the"
-            " largest): queue_depth, queue_time, ttft, error_rate, step_time, kv_usage, memory, compute.",
-            labels=["model", "signal"],
-        )
-        if engine is not None:
-            for name, ratio in load_signals(engine.load_snapshot(), state.settings.degradation).items():
-                signals.add_metric([model, name], ratio)
-        yield signals
-        yield counter(
-            "surge_requests_aborted",
-            "Sequences aborted because their client went away.",
-            core.num_aborted if core is not None else 0,
-        )
-        yield counter(
-            "surge_requests_preempted",
-            "Running sequences sent back to the queue for a more important tier's (--preemption): each resumes"
-            " later from its prompt and what it had generated.",
-            core.num_preempted if core is not None else 0,
-        )
+        yield from model_metrics(state)
         limited = CounterMetricFamily(
             "surge_rate_limited_requests",
             "Requests refused with 429, by bucket (concurrency: the key's sequences in flight; queue_share: its"
@@ -167,7 +83,8 @@ class ServerCollector(Collector):
         limited.add_metric([model, "requests"], state.rate_limit_counts.num_limited_requests)
         limited.add_metric([model, "tokens"], state.rate_limit_counts.num_limited_tokens)
         limited.add_metric([model, "concurrency"], state.concurrency_counts.num_limited)
-        limited.add_metric([model, "queue_share"], admission.num_over_share if admission is not None else 0)
+        over_share = sum(served.admission.num_over_share for served in state.models.values())
+        limited.add_metric([model, "queue_share"], over_share)
         yield limited
         idempotency = state.idempotency_counts
         yield counter(
@@ -197,14 +114,6 @@ class ServerCollector(Collector):
         auth.add_metric([model, "throttled"], state.auth_failures.num_throttled)
         yield auth
         yield from _connection_metrics(state.connections, model, gauge)
-        shed = CounterMetricFamily(
-            "surge_shed_requests",
-            "Requests refused with 503 at admission: queue_full (queue bounds) or load (degradation).",
-            labels=["model", "reason"],
-        )
-        shed.add_metric([model, "queue_full"], admission.num_queue_full if admission is not None else 0)
-        shed.add_metric([model, "load"], admission.num_shed if admission is not None else 0)
-        yield shed
         yield counter(
             "surge_redis_fallbacks",
             "Times Redis became unreachable and shared state fell back to this process.",
@@ -240,14 +149,24 @@ class ServerCollector(Collector):
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def install_metrics(app: FastAPI, state: ServerState) -> tuple[EngineMetrics, tuple[type, dict[str, object]], Endpoint]:
+def install_metrics(
+    app: FastAPI, state: ServerState
+) -> tuple[Callable[[str], EngineMetrics], tuple[type, dict[str, object]], Endpoint]:
     """Add the server collector, and `GET /metrics` to `app` unless `--metrics-port` serves it; return
-    the engine's observer, the HTTP metrics middleware entry for the app's middleware list, and
-    the endpoint for the metrics port (app/server/metrics_port.py)."""
+    each served model's engine observer (by its name), the HTTP metrics middleware entry for the
+    app's middleware list, and the endpoint for the metrics port (app/server/metrics_port.py)."""
     settings = state.settings
     registry = CollectorRegistry()
     registry.register(ServerCollector(state))
-    engine_metrics = EngineMetrics(registry, settings.model_name)
+    registry.register(EmbeddingCollector(state))
+    families = EngineFamilies(registry)
+    observers: dict[str, EngineMetrics] = {}
+
+    def observer_for(model: str) -> EngineMetrics:
+        if model not in observers:
+            observers[model] = EngineMetrics(families, model)
+        return observers[model]
+
     if not settings.metrics_port:
         if settings.is_auth_on and not settings.metrics_key:
             log.warning(
@@ -261,7 +180,7 @@ def install_metrics(app: FastAPI, state: ServerState) -> tuple[EngineMetrics, tu
         # Exact statuses: 429 and 503 are what an operator looks for. Scrapes are not traffic.
         {"should_group_status_codes": False, "excluded_handlers": ["^/metrics$"], "registry": registry},
     )
-    return engine_metrics, middleware, _endpoint(registry, state, is_api_port=False)
+    return observer_for, middleware, _endpoint(registry, state, is_api_port=False)
 
 
 def _endpoint(registry: CollectorRegistry, state: ServerState, *, is_api_port: bool) -> Endpoint:
@@ -319,35 +238,3 @@ def _connection_metrics(
     closed.add_metric([model, "over_limit"], connections.num_over_limit)
     closed.add_metric([model, "send_timeout"], connections.num_send_timeouts)
     yield closed
-
-
-def _prefix_cache_metrics(
-    stats: PrefixCacheStats,
-    gauge: Callable[[str, str, float], GaugeMetricFamily],
-    counter: Callable[[str, str, float], CounterMetricFamily],
-) -> Iterator[Metric]:
-    """vLLM's `prefix_cache_queries` and `prefix_cache_hits` (tokens): their ratio is the hit rate."""
-    yield counter(
-        "surge_prefix_cache_queried_tokens",
-        "Prompt tokens looked up in the prefix cache (all but the last of each admitted prompt).",
-        stats.queried_tokens,
-    )
-    yield counter(
-        "surge_prefix_cache_hit_tokens", "Prompt tokens whose K/V came from the prefix cache.", stats.hit_tokens
-    )
-    yield counter(
-        "surge_prefix_cache_evicted_blocks",
-        "Prefix-cache blocks evicted, least recently used first, to keep newer ones.",
-        stats.evicted_blocks,
-    )
-    yield gauge("surge_prefix_cache_used_bytes", "Bytes of K/V the prefix cache holds.", stats.used_bytes)
-    yield gauge(
-        "surge_prefix_cache_pinned_bytes",
-        "Bytes of it the warm templates hold (--warm-templates): never evicted, at most half the bound.",
-        stats.pinned_bytes,
-    )
-    yield gauge(
-        "surge_prefix_cache_capacity_bytes",
-        "The prefix cache's bound in bytes (--prefix-cache-size); 0 when it is off.",
-        stats.capacity_bytes,
-    )

@@ -14,11 +14,14 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response
 
 from app.generation.collect import ChoiceResult, collect, unless_disconnected
+from app.generation.light import light_route
 from app.generation.pipeline import start_generation
+from app.generation.reply_plan import plan_reply
+from app.generation.similar import similar_query
 from app.generation.streaming import stream_response
-from app.generation.validation import check_model, check_text_fits, sampling_params, tokenize_sized
+from app.generation.validation import check_text_fits, sampling_params, tokenize_sized
 from app.openai.render import chat_logprobs_json
-from app.reasoning import prompt_opens_reasoning, split_reasoning
+from app.reasoning import split_reasoning
 from app.responses.background import run_in_background
 from app.responses.output import (
     ResponseShell,
@@ -36,7 +39,7 @@ from app.runtime.body import documented_body, json_body
 from app.runtime.response_store import StoredResponse
 from app.runtime.response_store_redis import RUNNING
 from app.runtime.state import ServerState, generation_inputs
-from app.tools.choice import ToolPlan, plan_and_constrain
+from app.tools.choice import ToolPlan
 from middleware.errors import OpenAIError, invalid_request, not_found
 from middleware.generation import key_share_of
 from middleware.rate_limit.concurrency import LEASE_STATE, KeyLease
@@ -49,7 +52,6 @@ _parse_body = json_body(ResponsesRequest)
 @router.post("/v1/responses", response_model=None, openapi_extra=documented_body(ResponsesRequest))
 async def create_response(request: Request) -> Response:
     body, state, engine = await generation_inputs(request, _parse_body)
-    check_model(state.settings, body.model)
     if body.background and not body.store:
         raise invalid_request("A background response must be stored: store=true.", param="background")
     if body.background and body.stream:
@@ -82,17 +84,18 @@ async def create_response(request: Request) -> Response:
 
     try:
         prompt = await tokenize_sized(len(await request.body()), encode)
+        if (light := light_route(request, state, engine, len(prompt), body.max_output_tokens)) is not None:
+            update = {"model": light.served.name, "max_output_tokens": light.max_tokens}
+            engine, body = light.served.engine, body.model_copy(update=update)
+            prompt = await tokenize_sized(len(await request.body()), encode)
         choice_params = sampling_params(engine, state.settings, body, [len(prompt)], body.max_output_tokens, "input")
-        constraints = state.constraints(request, engine.grammars)
-        special_id = engine.tokenizer.special_token_id
-        plan, choice_params = await plan_and_constrain(constraints, turn, state.tool_format, special_id, choice_params)
+        plan, choice_params, reasoning = await plan_reply(request, state, engine, turn, prompt, choice_params)
     except OpenAIError as exc:
         raise refusal_param(exc) from None
-    reasoning = None
-    if state.reasons:
-        reasoning = prompt_opens_reasoning(str(engine.tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False)))
     user = body.safety_identifier or body.user
-    started = await start_generation(request, state, [prompt], choice_params, body.priority, "responses", user)
+    started = await start_generation(
+        request, state, engine, [prompt], choice_params, body.priority, "responses", user, similar_query(body, "input")
+    )
     group, choice_params, headers = started.source, started.choice_params, started.headers
     shell = ResponseShell(body, turn)
     want_logprobs = choice_params[0].logprobs is not None  # level 1 drops them

@@ -16,19 +16,20 @@ from app.runtime.connections import Connections
 from app.runtime.request_budget import MAX_BODY_BYTES, RequestBudget
 from app.runtime.response_storage import ResponseStorage
 from app.runtime.response_store import ResponseStore, StoreLimits
-from app.tools.formats import FORMATS, ToolFormat
+from app.runtime.served import ServedModel, check_model
 from middleware.admission.admission import Admission
 from middleware.dedup.cache import DedupCache
+from middleware.dedup.similar import SimilarQueries
 from middleware.edge.auth_failures import AuthFailures
 from middleware.errors import OpenAIError, service_unavailable
-from middleware.generation import Handler, key_share_of
+from middleware.generation import key_share_of
 from middleware.idempotency.asgi import IdempotencyCounts
 from middleware.key_ring import KeyRing, KeySet
 from middleware.rate_limit.buckets import TokenBuckets
 from middleware.rate_limit.concurrency import ConcurrencyCounts
 from middleware.rate_limit.limits import RateLimitCounts
 from middleware.redis import RedisBackend
-from models import AsyncEngine, GrammarCompiler
+from models import AsyncEngine, Embedder, GrammarCompiler
 
 B = TypeVar("B")
 
@@ -42,6 +43,8 @@ class ServerState:
     # The accepted API keys in force (none: auth off); a reload of the keys file replaces its set.
     keys: KeyRing = field(default_factory=lambda: KeyRing(KeySet()))
     engine: AsyncEngine | None = None
+    # The encoder of /v1/embeddings (--embedding-model), once loaded; None when none is served.
+    embeddings: Embedder | None = None
     redis: RedisBackend | None = None  # set when --redis-url is given: the rate-limit buckets
     # Idempotency keys and dedup results: --redis-cache-url's Redis, else the same as `redis`.
     redis_cache: RedisBackend | None = None
@@ -49,6 +52,8 @@ class ServerState:
     admission: Admission | None = None  # set with the engine
     # Off (ttl 0) until create_app sets the configured one, so routes never branch on it.
     dedup: DedupCache = field(default_factory=lambda: DedupCache(ttl=0))
+    # Recent queries' embeddings for similar-query merging (middleware/dedup/similar.py), kept as dedup's results are.
+    similar: SimilarQueries = field(default_factory=lambda: SimilarQueries(ttl=0))
     # Counted by the middleware, read by app/ops/metrics.py.
     rate_limit_counts: RateLimitCounts = field(default_factory=RateLimitCounts)
     idempotency_counts: IdempotencyCounts = field(default_factory=IdempotencyCounts)
@@ -63,12 +68,11 @@ class ServerState:
     responses: ResponseStorage = field(default_factory=lambda: ResponseStorage(ResponseStore(StoreLimits())))
     # The Responses API's `background: true` runs going on in this process.
     background: BackgroundRuns = field(default_factory=BackgroundRuns)
-    # How the model writes tool calls (app/tools/formats.py); set with the engine.
-    tool_format: ToolFormat = field(default_factory=lambda: FORMATS["hermes"])
-    # The chat template is a reasoning model's (app/reasoning.py); set with the engine.
-    reasons: bool = False
-    # The after-parse layers around the engine (app/generation/pipeline.py); set with the engine.
-    pipeline: Handler | None = None
+    # Every chat model served, by its name in the API, the main one (`engine`) first; set once all
+    # have loaded (app/runtime/served.py).
+    models: dict[str, ServedModel] = field(default_factory=dict)
+    # Requests given the light model under load, by the model they asked for (app/generation/light.py).
+    light_routed: Counter[str] = field(default_factory=Counter)
     load_error: BaseException | None = None
     is_shutting_down: bool = False
 
@@ -86,7 +90,14 @@ class ServerState:
 
     @property
     def is_ready(self) -> bool:
-        return self.engine is not None and self.engine.is_ready and not self.is_shutting_down
+        """Every served model loaded (the chat engine warm, the encoder too where one is served)."""
+        embeddings_ready = self.embeddings is not None or not self.settings.embedding_model
+        models_ready = bool(self.models) and all(served.engine.is_ready for served in self.models.values())
+        return self.engine is not None and models_ready and embeddings_ready and not self.is_shutting_down
+
+    def served(self, engine: AsyncEngine) -> ServedModel:
+        """The served model whose engine `engine` is (what a route picked by the request's `model`)."""
+        return next(served for served in self.models.values() if served.engine is engine)
 
     def body_limit(self) -> int:
         """The default body limit (--max-body-bytes 0): what a request within the served model's
@@ -103,7 +114,7 @@ class ServerState:
     def not_ready_error(self) -> OpenAIError:
         if self.is_shutting_down:
             return service_unavailable("The server is shutting down.", RETRY_AFTER_SECONDS)
-        if self.engine is None:
+        if self.engine is None or (self.settings.embedding_model and self.embeddings is None):
             return service_unavailable("The model is still loading.", RETRY_AFTER_SECONDS)
         return service_unavailable("The engine is not running.", RETRY_AFTER_SECONDS)
 
@@ -115,12 +126,17 @@ async def get_state(request: Request) -> ServerState:
     return state
 
 
-async def get_engine(request: Request) -> AsyncEngine:
-    """The engine, or a 503 (with Retry-After) while it loads, after it died, or at shutdown."""
+async def get_engine(request: Request, model: str | None = None) -> AsyncEngine:
+    """The engine of the chat model `model` names (the main one for None), or the request's refusal:
+    a 404 for an unknown model (a 400 for the embedding model), else a 503 (with Retry-After) while
+    the models load, after an engine died, or at shutdown."""
     state: ServerState = request.app.state.surge
+    name = state.settings.model_name if model is None else state.settings.chat_model_named(model)
+    if name is None:
+        check_model(state.settings, str(model))  # raises: unknown, or the embedding model
     if not state.is_ready or state.engine is None:
         raise state.not_ready_error()
-    return state.engine
+    return state.models[str(name)].engine
 
 
 async def refuse_when_queue_full(request: Request) -> None:
@@ -152,4 +168,6 @@ async def render_inputs(
     queue, so a full queue does not refuse them: a router tokenizes every request it routes)."""
     body = await parse_body(request)
     state: ServerState = request.app.state.surge
-    return body, state, await get_engine(request)
+    # A RootModel body (/tokenize's two forms) holds the request in `root`.
+    model = getattr(getattr(body, "root", body), "model", None)
+    return body, state, await get_engine(request, model)

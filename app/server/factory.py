@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from app.config.settings import Settings
 from app.generation.pipeline import build_pipeline
 from app.ops.diagnostics import engine_process_init, install_tracemalloc
+from app.ops.engine_metrics import EngineMetrics
 from app.ops.kv_events import KvEventPublisher
 from app.ops.metrics import install_metrics
 from app.reasoning import template_reasons
@@ -28,6 +29,7 @@ from app.runtime.connections import Connections
 from app.runtime.response_storage import ResponseStorage
 from app.runtime.response_store import ResponseStore, StoreLimits
 from app.runtime.response_store_redis import RedisResponseStore
+from app.runtime.served import ServedModel
 from app.runtime.state import ServerState
 from app.runtime.warm_templates import load_templates, warm
 from app.server.door import install_door_layers
@@ -39,10 +41,11 @@ from app.server.routes import router
 from app.server.shutdown import DrainingServer
 from app.tools.formats import format_for
 from middleware.dedup.cache import DedupCache
+from middleware.dedup.similar import SimilarQueries
 from middleware.edge.auth_failures import AuthFailures
 from middleware.key_ring import KeyRing, KeySet, KeysFileWatcher
 from middleware.redis import RedisBackend
-from models import AsyncEngine, SpawnedEngine
+from models import AsyncEngine, Embedder, SpawnedEngine, start_embeddings
 
 log = logging.getLogger("surge.server")
 
@@ -73,6 +76,7 @@ def create_app(
     shared = RedisResponseStore(state.redis_cache, limits) if state.redis_cache is not None else None
     state.responses = ResponseStorage(ResponseStore(limits), shared)
     state.dedup = DedupCache(ttl=settings.dedup_ttl_seconds, redis=state.redis_cache, scope=settings.dedup_scope)
+    state.similar = SimilarQueries(ttl=settings.dedup_ttl_seconds)
     templates = load_templates(settings.warm_templates) if settings.warm_templates else []  # a bad file: no start
 
     async def load() -> None:
@@ -81,24 +85,45 @@ def create_app(
             # request the engine runs at once, before any burst comes.
             await backend.connect(attempts=settings.redis_connect_attempts, num_connections=settings.max_num_seqs)
         try:
-            init = engine_process_init(settings.log_level, settings.log_format)
-            engine = await AsyncEngine.start(
-                settings.engine, observer=engine_metrics, process_init=init, spawned=spawned
-            )
+            # Beside the chat engines' loads (their own processes, or threads): all before /ready.
+            encoder = asyncio.create_task(_load_encoder(settings)) if settings.embedding_model else None
+            engines = await _start_engines(settings, observer_for, spawned, encoder)
+            if encoder is not None:
+                try:
+                    state.embeddings = await encoder
+                except BaseException:
+                    await asyncio.gather(*(asyncio.to_thread(engine.stop) for engine in engines))
+                    raise
+            main = engines[0]
             if settings.chat_template_text is not None:
-                engine.tokenizer.use_chat_template(settings.chat_template_text)
-            parser = None if settings.tool_call_parser == "auto" else settings.tool_call_parser
-            state.tool_format = format_for(engine.tokenizer.hf.chat_template, parser)
-            state.reasons = template_reasons(engine.tokenizer.hf.chat_template)
-            await warm(engine, templates)  # before /ready: the first request finds them cached
-            state.engine = engine
-            state.pipeline = build_pipeline(settings, state, state.engine)
+                main.tokenizer.use_chat_template(settings.chat_template_text)
+            await warm(main, templates)  # before /ready: the first request finds them cached
+            served = {}
+            for index, ((name, source), engine) in enumerate(zip(settings.chat_models, engines, strict=True)):
+                # --tool-call-parser names the main model's format; a further model's is read from its template.
+                parser = None if settings.tool_call_parser == "auto" or index else settings.tool_call_parser
+                template = engine.tokenizer.hf.chat_template
+                pipeline, admission = build_pipeline(settings, state, engine, name)
+                version = settings.version_label if index == 0 else "unversioned"
+                served[name] = ServedModel(
+                    name,
+                    source,
+                    version,
+                    engine,
+                    format_for(template, parser),
+                    template_reasons(template),
+                    pipeline,
+                    admission,
+                )
+            state.admission = served[settings.model_name].admission  # the door's queue check is the main model's
+            state.engine = main
+            state.models = served
             # The imports, the tokenizer and the app are here for good: keep them out of the
             # garbage collector's walks: full collections over torch's and transformers' objects
             # otherwise take a good share of the event loop's time under load.
             gc.collect()
             gc.freeze()
-            log.info("ready: serving %s as %r", settings.model, settings.model_name)
+            log.info("ready: serving %s", ", ".join(f"{source} as {name!r}" for name, source in settings.chat_models))
         except Exception as exc:
             log.exception("could not start the engine")
             state.load_error = exc
@@ -117,7 +142,7 @@ def create_app(
         if settings.kv_events_endpoint:
             endpoint, topic, form = settings.kv_events_endpoint, settings.kv_events_topic, settings.kv_events_format
             publisher = KvEventPublisher(endpoint, topic, form)
-            engine_metrics.kv_events = publisher.publish
+            observer_for(settings.model_name).kv_events = publisher.publish  # the main model's blocks
         watcher = None
         if settings.keys_file:
             watcher = KeysFileWatcher(
@@ -132,8 +157,10 @@ def create_app(
             loader.cancel()
             await state.background.aclose()  # each run records that it failed, while Redis is open
             await state.dedup.aclose()
-            if state.engine is not None:
-                await asyncio.to_thread(state.engine.stop)
+            if state.models:
+                await asyncio.gather(*(asyncio.to_thread(served.engine.stop) for served in state.models.values()))
+            if state.embeddings is not None:
+                await asyncio.to_thread(state.embeddings.stop)
             for backend in backends:
                 await backend.close()
             if publisher is not None:
@@ -147,10 +174,52 @@ def create_app(
     app.state.surge = state
     install_error_handlers(app)
     app.include_router(router)
-    engine_metrics, http_metrics, scrape = install_metrics(app, state)  # GET /metrics
+    observer_for, http_metrics, scrape = install_metrics(app, state)  # GET /metrics
 
     install_door_layers(app, settings, state, http_metrics)
     return app
+
+
+async def _start_engines(
+    settings: Settings,
+    observer_for: Callable[[str], EngineMetrics],
+    spawned: SpawnedEngine | None,
+    encoder: asyncio.Task[Embedder] | None,
+) -> list[AsyncEngine]:
+    """Every chat model's engine, started together (the main one may be a child started before);
+    if one fails, those that started are stopped and the encoder's load cancelled."""
+    init = engine_process_init(settings.log_level, settings.log_format)
+    models = settings.chat_models
+    starts = [
+        AsyncEngine.start(
+            settings.engine if index == 0 else settings.engine_of(source),
+            observer=observer_for(name),
+            process_init=init,
+            spawned=spawned if index == 0 else None,
+        )
+        for index, (name, source) in enumerate(models)
+    ]
+    results = await asyncio.gather(*starts, return_exceptions=True)
+    failed = next((result for result in results if isinstance(result, BaseException)), None)
+    if failed is None:
+        return [result for result in results if isinstance(result, AsyncEngine)]
+    if encoder is not None:
+        encoder.cancel()
+    await asyncio.gather(*(asyncio.to_thread(r.stop) for r in results if isinstance(r, AsyncEngine)))
+    raise failed
+
+
+async def _load_encoder(settings: Settings) -> Embedder:
+    """The embedding model and its batching loop (models/embedding/): in a process of its own when
+    the engines have theirs, so this process never imports torch."""
+    return await start_embeddings(
+        settings.embedding_model,
+        device=settings.device,
+        threads=settings.embedding_threads,
+        attempts=settings.download_attempts,
+        separate_process=settings.engine_mode == "process",
+        init=engine_process_init(settings.log_level, settings.log_format, role="embedding"),
+    )
 
 
 def _redis(settings: Settings, url: str) -> RedisBackend | None:

@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from app.anthropic import route as anthropic
 from app.chat import route as chat
 from app.completions import route as completions
+from app.embeddings import route as embeddings
 from app.responses import route as responses
 from app.server import system
 from app.tokens import route as tokens
@@ -18,5 +19,6 @@ PROTOCOLS: tuple[APIRouter, ...] = (chat.router, completions.router, responses.r
 router = APIRouter()
 router.include_router(system.router)
 router.include_router(tokens.router)  # vLLM's /tokenize and /detokenize: no generation
+router.include_router(embeddings.router)  # OpenAI's /v1/embeddings: the encoder, not the engine
 for protocol in PROTOCOLS:
     router.include_router(protocol)

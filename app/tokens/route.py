@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from app.chat.request import ChatCompletionRequest
 from app.chat.route import chat_prompt
-from app.generation.validation import check_model, check_text_fits, tokenize_sized
+from app.generation.validation import check_text_fits, tokenize_sized
 from app.openai.base import RequestModel
 from app.openai.limits import MAX_INT
 from app.runtime.body import documented_body, json_body
@@ -62,10 +62,8 @@ _parse_detokenize = json_body(DetokenizeRequest)
 
 @router.post("/tokenize", response_model=None, openapi_extra=documented_body(TokenizeRequest))
 async def tokenize(request: Request) -> Response:
-    wrapped, state, engine = await render_inputs(request, _parse_tokenize)
+    wrapped, _state, engine = await render_inputs(request, _parse_tokenize)
     body = wrapped.root
-    if body.model is not None:
-        check_model(state.settings, body.model)
 
     def encode() -> list[int]:
         if isinstance(body, TokenizeChat):
@@ -82,9 +80,7 @@ async def tokenize(request: Request) -> Response:
 
 @router.post("/detokenize", response_model=None, openapi_extra=documented_body(DetokenizeRequest))
 async def detokenize(request: Request) -> Response:
-    body, state, engine = await render_inputs(request, _parse_detokenize)
-    if body.model is not None:
-        check_model(state.settings, body.model)
+    body, _state, engine = await render_inputs(request, _parse_detokenize)
     vocab_size = engine.tokenizer.vocab_size
     if any(token >= vocab_size for token in body.tokens):
         raise invalid_request(f"A token id is outside the vocabulary (size {vocab_size}).", param="tokens")

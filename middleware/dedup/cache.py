@@ -192,6 +192,10 @@ class DedupCache:
             raise flight.start_error
         return handle
 
+    def holds(self, key: str) -> bool:
+        """A generation of `key` is in flight, or its result kept, in this process."""
+        return key in self._flights or self._results.get(key) is not None
+
     def lookup(self, key: str) -> SharedGeneration | None:
         """A reply that costs no new generation (a live flight or a result kept in this process),
         or None; for degraded service, where a generation is not an option. Never waits on Redis."""
@@ -324,5 +328,8 @@ class DedupLayer:
         self.model = model
 
     async def __call__(self, generation: Generation, call_next: Handler) -> OutputSource:
-        key = self.cache.key_of(generation, model=self.model)
+        merged = generation.dedup_key  # a similar query's (middleware/dedup/similar.py), while it lasts
+        if merged is None or not self.cache.holds(merged):
+            merged = None
+        key = merged if merged is not None else self.cache.key_of(generation, model=self.model)
         return await self.cache.run(key, lambda: call_next(generation))

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from middleware.errors import error_json, send_error
-from middleware.generation import GENERATION_PATHS
+from middleware.generation import MODEL_PATHS
 from middleware.idempotency.redis_store import RedisIdempotencyStore
 from middleware.idempotency.store import (
     ClaimState,
@@ -56,7 +56,7 @@ from middleware.redis import RedisBackend
 
 log = logging.getLogger("surge.idempotency")
 
-DEFAULT_PATHS = GENERATION_PATHS
+DEFAULT_PATHS = MODEL_PATHS
 # Responses larger than this are not stored whole: one write of them would hold Redis (and the
 # process's memory) for every tenant. Their key stores a small 422 instead, so a retry is told
 # why it cannot be replayed rather than running the request again.

@@ -23,13 +23,13 @@ from collections.abc import Collection, Mapping
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from middleware.errors import send_error
-from middleware.generation import GENERATION_PATHS
+from middleware.generation import MODEL_PATHS
 from middleware.key_ring import KeySet
 from middleware.keys_file import Limits
 from middleware.rate_limit.buckets import TokenBuckets
 from middleware.rate_limit.limits import RateLimitCounts, RateLimitExceeded, RequestLimits
 
-RATE_LIMITED_PATHS = GENERATION_PATHS
+RATE_LIMITED_PATHS = MODEL_PATHS
 
 
 class RateLimitMiddleware:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from middleware.errors import OpenAIError, error_json, send_error
-from middleware.generation import GENERATION_PATHS, Generation, Handler
+from middleware.generation import MODEL_PATHS, Generation, Handler
 from middleware.key_ring import KeySet
 from models import OutputSource
 
@@ -99,7 +99,7 @@ class ConcurrencyMiddleware:
         default_limit: int,
         key_limits: Mapping[str, int] | None = None,
         counts: ConcurrencyCounts | None = None,
-        paths: Collection[str] = GENERATION_PATHS,
+        paths: Collection[str] = MODEL_PATHS,
     ) -> None:
         self.app = app
         self._default = default_limit

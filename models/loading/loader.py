@@ -70,11 +70,13 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_model_path(model: str, revision: str = "", attempts: int = 5) -> str:
-    """The local directory of `model`: the embedded tiny model, an existing path, or a hub id fetched now."""
-    if model == "tiny":
+    """The local directory of `model`: the embedded tiny model (`tiny`, or `tiny:SIZE`), an existing
+    path, or a hub id fetched now."""
+    if model == "tiny" or model.startswith("tiny:"):
         from models.loading.tiny import ensure_tiny
 
-        return str(ensure_tiny())
+        size = model.partition(":")[2]  # `tiny:s`: another size of it (a light model beside the main one)
+        return str(ensure_tiny(size=size) if size else ensure_tiny())
     if Path(model).expanduser().exists():
         return model
     if not hub.is_repo_id(model):

@@ -21,6 +21,23 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
+def start_ticks(pid: int) -> int:
+    """When the process started, in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    # After the command's closing parenthesis (the command may hold spaces and parentheses).
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The multiprocessing children `pid` spawned, the earliest started first (surge: the engine
+    process, then the embedding model's; never the resource tracker, which runs no `spawn_main`)."""
+    spawned = []
+    for child in process_tree(pid)[1:]:
+        with contextlib.suppress(OSError):
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                spawned.append(child)
+    return sorted(spawned, key=start_ticks)
+
+
 def _status_kib(pid: int, field: str) -> int:
     """A `/proc/PID/status` figure in KiB (VmRSS, VmHWM); 0 when the process is gone."""
     with contextlib.suppress(OSError):

@@ -21,14 +21,20 @@ ARGS = ("--served-model-name", "m", "--max-num-seqs", "4", "--max-model-len", "5
 USER = [{"role": "user", "content": "hello"}]
 
 
-def engine_pid(server: ServerProcess) -> int:
-    """The engine process: the server's one spawned child (the other is multiprocessing's
-    resource tracker)."""
+def spawned_pids(server: ServerProcess) -> list[int]:
+    """The server's spawned children, the earliest started first: the engine process (started
+    before the server's own imports), then the embedding model's (multiprocessing's resource
+    tracker is not one of them)."""
     pid = server.proc.pid
     children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
     spawned = [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
-    assert len(spawned) == 1, children
-    return spawned[0]
+    assert len(spawned) == 2, children
+    # Field 22 of /proc/PID/stat: the start time (after the command, which may hold spaces).
+    return sorted(spawned, key=lambda c: int(Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[19]))
+
+
+def engine_pid(server: ServerProcess) -> int:
+    return spawned_pids(server)[0]
 
 
 def torch_mapped(pid: int) -> bool:
@@ -100,12 +106,17 @@ def test_streams_and_metrics_cross_the_process_boundary(tiny_model_dir: Path, tm
         )
         assert json.loads(formatted.choices[0].message.content or "")["k"] in ("a", "b")
         assert metric(server.url, "surge_grammar_mask_seconds_count") >= 1  # observed in the engine process
-        # After chats, a grammar and a scrape, torch is mapped in the engine process only: the
-        # server took the child's pickled tokenizer rather than AutoTokenizer (which imports torch).
-        assert not torch_mapped(server.proc.pid) and torch_mapped(pid)
+        embedded = httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny-embedding", "input": "hello"})
+        assert len(embedded.json()["data"][0]["embedding"]) == 256
+        # After chats, a grammar, an embedding and a scrape, torch is mapped in the engine and
+        # embedding processes only: the server took their pickled tokenizers rather than
+        # AutoTokenizer (which imports torch).
+        children = spawned_pids(server)
+        assert children[0] == pid
+        assert not torch_mapped(server.proc.pid) and all(torch_mapped(child) for child in children)
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=30) == 0
-        assert wait_gone(pid)
+        assert all(wait_gone(child) for child in children)
 
 
 def test_a_killed_engine_process_fails_the_open_stream_and_liveness(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -131,7 +142,7 @@ def test_a_killed_engine_process_fails_the_open_stream_and_liveness(tiny_model_d
 
 def test_the_engine_process_exits_when_the_server_is_killed(tiny_model_dir: Path, tmp_path: Path) -> None:
     with surge_server(tiny_model_dir, tmp_path / "surge.log", *ARGS, graceful_stop=False) as server:
-        pid = engine_pid(server)
-        server.proc.kill()  # no chance to stop the child: it sees its pipe close
+        children = spawned_pids(server)
+        server.proc.kill()  # no chance to stop the children: they see their pipes close
         server.proc.wait()
-        assert wait_gone(pid), "the engine process outlived the server"
+        assert all(wait_gone(child) for child in children), "a child process outlived the server"

@@ -22,6 +22,7 @@ import pytest
 import models.grammar.json_schema
 from models.grammar.compiler import TOO_COMPLEX, json_schema_grammar
 from models.grammar.json_schema import SchemaBounds
+from scripts.harness.procs import spawned_children
 from scripts.harness.servers import ServerProcess, surge_server
 from tests.app.ops.test_metrics import Scrape
 from tests.live_server import MODEL_NAME, LiveServer, running_server
@@ -119,9 +120,9 @@ def test_a_native_crash_in_either_process_leaves_a_trace_in_the_log(tiny_model_d
     for victim in ("engine", "server"):
         log = tmp_path / f"{victim}.log"
         with surge_server(tiny_model_dir, log, "--max-model-len", "256", "--log-level", "warning") as process:
-            server_pid, *children = process.pids()
+            children = spawned_children(process.pid)
             assert children, "the engine runs in its own process"
-            os.kill(children[0] if victim == "engine" else server_pid, signal.SIGSEGV)
+            os.kill(children[0] if victim == "engine" else process.pid, signal.SIGSEGV)
             deadline = time.monotonic() + 30
             while "Fatal Python error: Segmentation fault" not in process.log():
                 assert time.monotonic() < deadline, process.tail()

@@ -43,6 +43,11 @@ def test_yaml_keys_with_optional_limits_and_tiers(tmp_path: Path) -> None:
     assert keys.min_priorities() == {"sk-ops": -10}
 
 
+def test_merge_similar_per_key(tmp_path: Path) -> None:
+    keys = load_keys_file(write(tmp_path, "sk-a: {merge_similar: 0.95}\nsk-b: {merge_similar: 0}\nsk-c:\n", "k.yaml"))
+    assert keys.merge_thresholds() == {"sk-a": 0.95, "sk-b": 0.0}
+
+
 def test_json_keys(tmp_path: Path) -> None:
     keys = load_keys_file(write(tmp_path, '{"sk-a": {"rpm": 0}, "sk-b": null}', "keys.json"))
     assert keys.entries == (KeyEntry("sk-a", rpm=0), KeyEntry("sk-b"))
@@ -71,6 +76,9 @@ def test_per_key_limits_fall_back_to_the_server_wide_ones(tmp_path: Path) -> Non
         ("sk-a: {rpm: 1, burst: 5}", "keys.yaml", "unknown field(s) burst"),
         ("sk-a: {rpm: -1}", "keys.yaml", "rpm must be 0 (unlimited) or positive"),
         ("sk-a: {tpm: 1.5}", "keys.yaml", "tpm must be an integer"),
+        ("sk-a: {merge_similar: 1.5}", "keys.yaml", "merge_similar must be a number from 0 (off) to 1"),
+        ("sk-a: {merge_similar: yes}", "keys.yaml", "merge_similar must be a number"),
+        ("sk-a: {merge_similar: .nan}", "keys.yaml", "merge_similar must be a number"),
         ("sk-a: {tier: yes}", "keys.yaml", "tier must be an integer"),
         ("sk-a: {min_priority: 3}", "keys.yaml", "min_priority must be 0 or negative"),
         ("sk-a: {min_priority: -2000000}", "keys.yaml", "min_priority must be 0 or negative"),

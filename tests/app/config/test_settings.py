@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from app.config.arguments import parse_settings
 from app.config.options import OPTIONS
-from app.config.settings import Settings, parse_settings
+from app.config.settings import Settings
 from models.config import AUTO_THREADS
 
 

@@ -16,6 +16,9 @@ bound_onednn_caches()
 # No test may reach a model hub: everything is built locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# `surge serve` subprocesses serve no embedding model unless a test passes --embedding-model
+# (tests/live_server.py does the same for in-process servers).
+os.environ.setdefault("SURGE_EMBEDDING_MODEL", "")
 
 
 @pytest.fixture(scope="session")

@@ -130,6 +130,9 @@ def running_server(model: Path | str, **settings: object) -> Iterator[LiveServer
     `surge serve` subprocess tests run.
     """
     settings.setdefault("engine_mode", "thread")
+    # No embedding model unless the test asks for one (`embedding_model="tiny"`): most tests serve
+    # chat only, and an encoder per server was minutes of the suite.
+    settings.setdefault("embedding_model", "")
     app = create_app(Settings(model=str(model), served_model_name=MODEL_NAME, **settings))  # type: ignore[arg-type]
     with serve_app(app) as base_url:
         wait_until_ready(f"{base_url}/ready", 60.0)

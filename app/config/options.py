@@ -368,7 +368,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("degrade_queue_seconds", float, "queue-time p90 that counts as load 1.0"),
     Option("degrade_ttft_seconds", float, "time-to-first-token p90 that counts as load 1.0"),
     Option("degrade_error_rate", float, "error rate that counts as load 1.0"),
-    Option("degrade_step_seconds", float, "engine step-time p90 that counts as load 1.0; 0 = off"),
+    Option("degrade_step_seconds", float, "engine decode step-time p90 that counts as load 1.0; 0 = off"),
     Option("degrade_kv_usage", float, "share of the KV pool in use that counts as load 1.0; 0 = off"),
     Option(
         "degrade_memory_usage",

@@ -85,12 +85,13 @@ def create_app(
             # request the engine runs at once, before any burst comes.
             await backend.connect(attempts=settings.redis_connect_attempts, num_connections=settings.max_num_seqs)
         try:
-            # Beside the chat engines' loads (their own processes, or threads): all before /ready.
-            encoder = asyncio.create_task(_load_encoder(settings)) if settings.embedding_model else None
-            engines = await _start_engines(settings, observer_for, spawned, encoder)
-            if encoder is not None:
+            engines = await _start_engines(settings, observer_for, spawned)
+            if settings.embedding_model:
+                # After the engines are warm, not beside them: a CPU engine's warm-up times its
+                # decode step on each thread count (models/runner/decode_threads.py), and torch's
+                # import and the encoder's load beside it skewed that choice.
                 try:
-                    state.embeddings = await encoder
+                    state.embeddings = await _load_encoder(settings)
                 except BaseException:
                     await asyncio.gather(*(asyncio.to_thread(engine.stop) for engine in engines))
                     raise
@@ -184,10 +185,9 @@ async def _start_engines(
     settings: Settings,
     observer_for: Callable[[str], EngineMetrics],
     spawned: SpawnedEngine | None,
-    encoder: asyncio.Task[Embedder] | None,
 ) -> list[AsyncEngine]:
     """Every chat model's engine, started together (the main one may be a child started before);
-    if one fails, those that started are stopped and the encoder's load cancelled."""
+    if one fails, those that started are stopped."""
     init = engine_process_init(settings.log_level, settings.log_format)
     models = settings.chat_models
     starts = [
@@ -203,8 +203,6 @@ async def _start_engines(
     failed = next((result for result in results if isinstance(result, BaseException)), None)
     if failed is None:
         return [result for result in results if isinstance(result, AsyncEngine)]
-    if encoder is not None:
-        encoder.cancel()
     await asyncio.gather(*(asyncio.to_thread(r.stop) for r in results if isinstance(r, AsyncEngine)))
     raise failed
 

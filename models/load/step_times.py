@@ -1,4 +1,4 @@
-"""The engine's observer as the server gives it, with each step's time also kept for the load
+"""The engine's observer as the server gives it, with each decode step's time also kept for the load
 figures: the degradation's step-time trigger reads them (models/load/stats.py).
 
 One wrapper for both ways the engine runs: on a thread of this process it calls the observer
@@ -19,7 +19,11 @@ class StepTimesObserver:
         self._stats = stats
 
     def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int, seconds: float) -> None:
-        self._stats.record_step(seconds)
+        # Decode steps only: a step that prefills (a prompt, or a chunk of a long one beside the
+        # decoding streams) is as slow as its prompt is long, not as loaded as the engine is: counted,
+        # one long agent prompt (~18k tokens) held its own server at a degradation level that refuses it.
+        if not num_prompt_tokens:
+            self._stats.record_step(seconds)
         self._inner.on_step(num_seqs, num_prompt_tokens, num_generated_tokens, seconds)
 
     def on_admitted(self, queue_time: float) -> None:

@@ -117,7 +117,7 @@ def test_completions_with_several_prompts(client: openai.OpenAI) -> None:
 
 def test_models_health_ready(server: LiveServer, client: openai.OpenAI) -> None:
     models = client.models.list()
-    assert [m.id for m in models.data] == [MODEL_NAME, "tiny-embedding"]
+    assert [m.id for m in models.data] == [MODEL_NAME]
     assert client.models.retrieve(MODEL_NAME).id == MODEL_NAME
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-9")

@@ -17,7 +17,10 @@ import pytest
 from scripts.harness.loopback import loopback
 from scripts.harness.servers import ServerProcess, surge_server
 
-ARGS = ("--served-model-name", "m", "--max-num-seqs", "4", "--max-model-len", "512", "--shutdown-delay-seconds", "0")
+ARGS = (
+    *("--served-model-name", "m", "--max-num-seqs", "4", "--max-model-len", "512", "--shutdown-delay-seconds", "0"),
+    *("--embedding-model", "tiny"),  # its default, which the tests' environment turns off
+)
 USER = [{"role": "user", "content": "hello"}]
 
 

@@ -22,7 +22,7 @@ EMBEDDING = "tiny-embedding"
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[LiveServer]:
-    with running_server(tiny_model_dir, max_model_len=256, max_num_seqs=4) as live:
+    with running_server(tiny_model_dir, max_model_len=256, max_num_seqs=4, embedding_model="tiny") as live:
         yield live
 
 
@@ -176,7 +176,7 @@ def test_concurrent_requests_share_forward_passes_and_count_in_metrics(server: L
 def test_the_tokens_bucket_is_charged(tiny_model_dir: Path, tmp_path: Path) -> None:
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({"sk-small": {"tpm": 40}}))
-    with running_server(tiny_model_dir, max_model_len=256, keys_file=str(keys)) as live:
+    with running_server(tiny_model_dir, max_model_len=256, keys_file=str(keys), embedding_model="tiny") as live:
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="sk-small", max_retries=0)
         first = client.embeddings.create(model=EMBEDDING, input="one two three four five six seven eight nine ten")
         assert first.usage.prompt_tokens >= 10

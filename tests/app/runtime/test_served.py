@@ -28,7 +28,10 @@ def other_dir(model_root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, other_dir: Path) -> Iterator[LiveServer]:
-    with running_server(tiny_model_dir, models=(f"{OTHER}={other_dir}",), max_model_len=256, max_num_seqs=4) as live:
+    models = (f"{OTHER}={other_dir}",)
+    with running_server(
+        tiny_model_dir, models=models, max_model_len=256, max_num_seqs=4, embedding_model="tiny"
+    ) as live:
         yield live
 
 

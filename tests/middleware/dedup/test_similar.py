@@ -39,7 +39,12 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     keys = tmp_path_factory.mktemp("keys") / "keys.json"
     keys.write_text(json.dumps({"sk-a": None, "sk-b": None, "sk-off": {"merge_similar": 0}}))
     with running_server(
-        tiny_model_dir, max_model_len=512, merge_similar=0.8, keys_file=str(keys), metrics_key="m"
+        tiny_model_dir,
+        max_model_len=512,
+        merge_similar=0.8,
+        keys_file=str(keys),
+        metrics_key="m",
+        embedding_model="tiny",
     ) as live:
         yield live
 
@@ -114,4 +119,4 @@ def test_merging_needs_an_embedding_model_and_dedup(tiny_model_dir: Path) -> Non
     with pytest.raises(ValueError, match="needs an embedding model"):
         running_server(tiny_model_dir, merge_similar=0.9, embedding_model="").__enter__()
     with pytest.raises(ValueError, match="needs an embedding model"):
-        running_server(tiny_model_dir, merge_similar=0.9, dedup_ttl_seconds=0).__enter__()
+        running_server(tiny_model_dir, merge_similar=0.9, dedup_ttl_seconds=0, embedding_model="tiny").__enter__()

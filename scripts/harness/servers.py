@@ -179,7 +179,8 @@ def wait_until_ready(
 
 
 def surge_argv(model: str | Path, *args: str) -> list[str]:
-    """`surge serve --model MODEL` on loopback at `{port}`, then `args` (later flags win)."""
+    """`surge serve --model MODEL` on loopback at `{port}`, without an embedding model, then `args`
+    (later flags win: `--embedding-model tiny` serves one)."""
     return [
         sys.executable,
         "-m",
@@ -191,6 +192,10 @@ def surge_argv(model: str | Path, *args: str) -> list[str]:
         "127.0.0.1",
         "--port",
         "{port}",
+        # The chat engine alone, as the peers serve theirs: an encoder is a process of its own
+        # (memory in every RSS figure, seconds of every start) that no benchmark or test of chat uses.
+        "--embedding-model",
+        "",
         *args,
     ]
 

@@ -11,6 +11,7 @@ inputs' tokens are charged to the key's tokens bucket, as OpenAI counts them.
 from __future__ import annotations
 
 import base64
+import logging
 import sys
 from array import array
 
@@ -24,6 +25,8 @@ from app.runtime.state import RETRY_AFTER_SECONDS, ServerState
 from middleware.errors import invalid_request, not_found_model, service_unavailable
 from middleware.rate_limit.tokens import reserve_tokens
 from models import Embedder, EmbeddingQueueFull
+
+log = logging.getLogger("surge.embedding")
 
 router = APIRouter()
 
@@ -52,6 +55,10 @@ async def create_embeddings(request: Request) -> Response:
     except EmbeddingQueueFull:
         await reservation.settle(0)
         raise service_unavailable("The embedding model is busy; retry shortly.", RETRY_AFTER_SECONDS) from None
+    except RuntimeError as exc:  # its process ended, or a forward pass failed: the cause is in the log
+        await reservation.settle(0)
+        log.warning("embedding failed: %s", exc)
+        raise service_unavailable("The embedding model is not available.", RETRY_AFTER_SECONDS) from None
     except BaseException:
         await reservation.settle(0)
         raise

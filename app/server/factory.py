@@ -105,11 +105,10 @@ def create_app(
                 parser = None if settings.tool_call_parser == "auto" or index else settings.tool_call_parser
                 template = engine.tokenizer.hf.chat_template
                 pipeline, admission = build_pipeline(settings, state, engine, name)
-                version = settings.version_label if index == 0 else "unversioned"
                 served[name] = ServedModel(
                     name,
                     source,
-                    version,
+                    settings.version_label,  # the deployment's: one per pod, what a canary is compared by
                     engine,
                     format_for(template, parser),
                     template_reasons(template),

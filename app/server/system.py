@@ -28,7 +28,8 @@ async def health(state: ServerState = Depends(get_state)) -> Response:
     # that died (its process killed, its loop crashed) never comes back in this process: a
     # restart is the cure, as with vLLM's /health.
     engines = [served.engine for served in state.models.values()] or ([state.engine] if state.engine else [])
-    if any(engine.core.dead is not None for engine in engines):
+    embeddings_dead = state.embeddings is not None and not state.embeddings.is_alive
+    if any(engine.core.dead is not None for engine in engines) or embeddings_dead:
         # The cause is in the log; its text is not for whoever can reach /health.
         return JSONResponse({"status": "engine dead", "reason": ENGINE_STOPPED}, status_code=503)
     return JSONResponse({"status": "ok"})

@@ -70,6 +70,10 @@ class EmbeddingEngine:
         return self.encoder.info
 
     @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
     def num_waiting_tokens(self) -> int:
         return self._queued_tokens
 

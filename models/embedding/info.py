@@ -64,6 +64,11 @@ class Embedder(Protocol):
     @property
     def num_waiting_tokens(self) -> int: ...
 
+    @property
+    def is_alive(self) -> bool:
+        """False once its process or thread has ended: it never comes back (the liveness probe says so)."""
+        ...
+
     def encode_text(self, text: str) -> list[int]:
         """A text's token ids as the model reads them (with its special tokens)."""
         ...

@@ -119,6 +119,10 @@ class EmbeddingProcess:
         return self._stats
 
     @property
+    def is_alive(self) -> bool:
+        return self._reader.is_alive()
+
+    @property
     def num_waiting_tokens(self) -> int:
         return self._waiting_tokens
 

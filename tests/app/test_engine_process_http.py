@@ -149,3 +149,18 @@ def test_the_engine_process_exits_when_the_server_is_killed(tiny_model_dir: Path
         server.proc.kill()  # no chance to stop the children: they see their pipes close
         server.proc.wait()
         assert all(wait_gone(child) for child in children), "a child process outlived the server"
+
+
+def test_a_killed_embedding_process_is_a_503_and_fails_liveness(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with surge_server(tiny_model_dir, tmp_path / "surge.log", *ARGS, graceful_stop=False) as server:
+        body = {"model": "tiny-embedding", "input": "hello"}
+        assert httpx.post(f"{server.url}/v1/embeddings", json=body).status_code == 200
+        embedding = spawned_pids(server)[1]
+        os.kill(embedding, signal.SIGKILL)
+        assert wait_gone(embedding)
+        refused = httpx.post(f"{server.url}/v1/embeddings", json=body)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "service_unavailable"
+        assert httpx.get(f"{server.url}/health").status_code == 503
+        # The chat model still answers (the pod's restart is the probe's call, not this request's).
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        assert client.chat.completions.create(model="m", messages=USER, max_tokens=2).choices

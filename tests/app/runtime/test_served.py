@@ -29,9 +29,8 @@ def other_dir(model_root: Path) -> Path:
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, other_dir: Path) -> Iterator[LiveServer]:
     models = (f"{OTHER}={other_dir}",)
-    with running_server(
-        tiny_model_dir, models=models, max_model_len=256, max_num_seqs=4, embedding_model="tiny"
-    ) as live:
+    settings = {"max_model_len": 256, "max_num_seqs": 4, "embedding_model": "tiny", "model_version": "7"}
+    with running_server(tiny_model_dir, models=models, **settings) as live:
         yield live
 
 
@@ -78,8 +77,9 @@ def test_metrics_carry_each_models_label(server: LiveServer) -> None:
         assert f'surge_requests_running{{model="{name}"}}' in text
         assert f'surge_time_to_first_token_seconds_count{{model="{name}"}}' in text
         assert f'model_name="{name}"' in text  # vLLM's names, as routers read them
-    assert f'surge_model_info{{model="{OTHER}",model_version="unversioned"}} 1.0' in text
-    assert f'surge_model_info{{model="{MODEL_NAME}",model_version="unversioned"}} 1.0' in text
+    # The deployment's version on each: one per pod, as the canary's rules join it (k8s/prometheus).
+    assert f'surge_model_info{{model="{OTHER}",model_version="7"}} 1.0' in text
+    assert f'surge_model_info{{model="{MODEL_NAME}",model_version="7"}} 1.0' in text
 
 
 def test_one_engine_dead_is_the_server_unhealthy(server: LiveServer) -> None:

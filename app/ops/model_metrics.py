@@ -70,7 +70,11 @@ def model_metrics(state: ServerState) -> Iterator[Metric]:
         " submission.",
         lambda m: m.num_waiting,
     )
-    yield gauge("surge_requests_running", "Sequences in the running batch.", lambda m: core_of(m, _running))
+    yield gauge(
+        "surge_requests_running",
+        "Sequences in the running batch.",
+        lambda m: core_of(m, lambda engine: engine.core.num_running),
+    )
     yield gauge(
         "surge_requests_in_queue_per_worker",
         "surge_requests_waiting per engine worker (one per process): the autoscaling metric.",
@@ -179,7 +183,3 @@ def model_metrics(state: ServerState) -> Iterator[Metric]:
         "Requests that asked for this model and were given the light model under load (--light-model).",
         lambda m: state.light_routed[m.name],
     )
-
-
-def _running(engine: AsyncEngine) -> float:
-    return engine.core.num_running

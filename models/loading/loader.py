@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from models.config import AUTO_THREADS, EngineConfig, ModelConfig
 from models.kv.budget import fit_kv_budget, kv_budget, kv_bytes_per_token, kv_slack_tokens
@@ -25,8 +25,9 @@ from models.kv.memory import device_memory, format_bytes
 from models.linear.int8 import quantize_linears
 from models.linear.packed import pack_linears
 from models.loading import hub
+from models.loading.dtype_choice import choose_cpu_dtype
 from models.loading.tokenizer import Tokenizer
-from models.runner.cpus import prefill_thread_count
+from models.runner.cpus import cpu_features, prefill_thread_count
 from models.runner.echo import ECHO_MODEL
 from models.runner.fused_decoder import fuse_projections
 from models.runner.threads import StepThreads, step_threads
@@ -60,13 +61,29 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(
+    dtype: str, device: torch.device, path: str | None = None, quantization: str = "none"
+) -> tuple[torch.dtype, str]:
+    """The weights' dtype and why: as asked, or for `auto` bfloat16 on a CUDA device that has it
+    (else float16), and on a CPU what models/loading/dtype_choice.py measures for the model at
+    `path` (float32 without one, and under int8 weights, whose layers compute in float32)."""
     if dtype != "auto":
-        return _DTYPES[dtype]
+        return _DTYPES[dtype], "as asked (--dtype)"
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    # bf16 on CPUs without native bf16 units (AVX2 only) is several times slower than fp32.
-    return torch.float32
+        if torch.cuda.is_bf16_supported():
+            return torch.bfloat16, "auto: the GPU supports bfloat16"
+        return torch.float16, "auto: the GPU has no bfloat16"
+    if path is None:
+        return torch.float32, "auto: no model to measure on"
+    if quantization == "int8":
+        return torch.float32, "auto: int8 weights, whose layers take and give float32"
+    text = AutoConfig.from_pretrained(path).get_text_config()
+    hidden = int(getattr(text, "hidden_size", 0) or getattr(text, "n_embd", 0) or 0)
+    intermediate = int(getattr(text, "intermediate_size", 0) or getattr(text, "n_inner", 0) or 4 * hidden)
+    if not hidden:
+        return torch.float32, "auto: the model's config names no hidden size to measure on"
+    choice = choose_cpu_dtype(cpu_features(), hidden, intermediate)
+    return _DTYPES[choice.dtype], f"auto: {choice.reason}"
 
 
 def resolve_model_path(model: str, revision: str = "", attempts: int = 5) -> str:
@@ -91,7 +108,6 @@ def load_model(config: ModelConfig) -> LoadedModel:
     if config.model == ECHO_MODEL:
         return load_echo()
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
     if config.quantization == "int8" and device.type != "cpu":
         raise ValueError(f"quantization int8 runs on the CPU only (oneDNN's int8 kernels), not on {device}")
     if config.num_threads == AUTO_THREADS and device.type == "cpu":
@@ -103,6 +119,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
     path = resolve_model_path(config.model, config.revision, config.download_attempts)
     log.info("loading tokenizer from %s", path)
     hf_tokenizer = AutoTokenizer.from_pretrained(path)
+    dtype, why = resolve_dtype(config.dtype, device, path, config.quantization)
+    log.info("dtype %s (%s)", str(dtype).removeprefix("torch."), why)
     size = _weights_size(path)
     log.info(
         "loading weights from %s (%s) on %s as %s", path, format_bytes(size) if size else "size unknown", device, dtype

@@ -1,9 +1,10 @@
-"""The CPUs this process may use. No torch here: the benchmark's driver asks too."""
+"""The CPUs this process may use, and what they advertise. No torch here: the benchmark's driver asks too."""
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -55,3 +56,88 @@ def bound_onednn_caches(environ: dict[str, str] | None = None) -> None:
     env = os.environ if environ is None else environ
     for name, value in ONEDNN_CACHE_CAPACITY.items():
         env.setdefault(name, value)
+
+
+@dataclass(frozen=True, slots=True)
+class CpuFeatures:
+    """What the CPU advertises (/proc/cpuinfo's model name and flags). Advertised is not proven:
+    a fast path taken on these flags is probed first (models/loading/dtype_choice.py,
+    models/linear/block_kernel.py)."""
+
+    model_name: str
+    flags: frozenset[str]
+
+    @property
+    def native_bf16(self) -> bool:
+        """bfloat16 matmul in hardware: AVX512-BF16 dot products or AMX-BF16 tiles."""
+        return bool({"avx512_bf16", "amx_bf16"} & self.flags)
+
+    @property
+    def amx(self) -> bool:
+        return "amx_tile" in self.flags and bool({"amx_bf16", "amx_int8"} & self.flags)
+
+    @property
+    def vector_isa(self) -> str:
+        """The widest matmul instructions advertised, as the docs' tables name them."""
+        for name, needs in _ISA_LADDER:
+            if needs <= self.flags:
+                return name
+        return "SSE"
+
+    def summary(self) -> str:
+        return f"{self.model_name or 'unknown CPU'} ({self.vector_isa})"
+
+
+_ISA_LADDER: tuple[tuple[str, frozenset[str]], ...] = (
+    ("AMX-BF16/INT8", frozenset({"amx_tile", "amx_bf16", "amx_int8"})),
+    ("AVX-512 BF16", frozenset({"avx512f", "avx512_bf16"})),
+    ("AVX-512 VNNI", frozenset({"avx512f", "avx512_vnni"})),
+    ("AVX-512", frozenset({"avx512f"})),
+    ("AVX2", frozenset({"avx2", "fma"})),
+)
+
+
+def cpu_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuFeatures:
+    """The first processor's model name and flags; empty where /proc/cpuinfo is not there."""
+    model_name, flags = "", ""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return CpuFeatures("", frozenset())
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model_name:
+            model_name = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = value
+        if model_name and flags:
+            break
+    return CpuFeatures(model_name, frozenset(flags.split()))
+
+
+@dataclass(frozen=True, slots=True)
+class ChildFailed:
+    """Why a probe child gave no output: a signal (an instruction the CPU faults on), a timeout,
+    an exit status."""
+
+    why: str
+
+
+def run_in_child(code: str, args: list[str], timeout_s: float) -> str | ChildFailed:
+    """Run Python `code` in a child process (this interpreter; `args` as its argv[1:]) and return
+    its stdout. A fast path is tried there first: a fault kills the child, not the caller."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return ChildFailed(f"did not finish in {timeout_s:.0f} s")
+    if done.returncode < 0:
+        return ChildFailed(f"died with signal {-done.returncode}")
+    if done.returncode != 0:
+        return ChildFailed(f"exited {done.returncode}: {done.stderr.strip()[-300:]}")
+    return done.stdout

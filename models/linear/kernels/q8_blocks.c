@@ -1,6 +1,6 @@
 /* int8 matmul with a scale per block of 32 on both operands (llama.cpp's Q8_0 grid), x86 AVX-512
- * VNNI. Built and loaded by models/linear/block_kernel.py; the layouts are documented there and in
- * models/linear/block_int8.py, which packs the weights.
+ * VNNI, or AVX2 where the CPU has no AVX-512 VNNI. Built and loaded by models/linear/block_kernel.py;
+ * the layouts are documented there and in models/linear/block_int8.py, which packs the weights.
  *
  * out[m, n] = bias[n] + sum_b xs[m, b] * ws[n, b] * sum_{k in block b} xq[m, k] * wq[n, k]
  *
@@ -12,15 +12,24 @@
  * int32 (at most 32 * 255 * 127) before it is scaled in float, and the weights carry no
  * correction of their own.
  *
+ * AVX2 has no vpdpbusd, and its u8 x s8 instruction (vpmaddubsw) adds pairs of products into
+ * int16 with saturation: 2 x 255 x 127 would clip. So the AVX2 path takes the weights' codes back
+ * to signed (xor 128: -127..127) and multiplies |x| (unsigned) by the weight with x's sign moved
+ * onto it (vpsignb): a pair is at most 2 x 127 x 127 < 2^15, exact, then vpmaddwd with ones sums
+ * pairs into int32. The same integers as the VNNI path, so the two agree bit for bit. (llama.cpp's
+ * AVX2 Q8_0 dot product uses the same sign trick.)
+ *
  * Weights arrive packed in panels of 16 output channels: for each panel and block, 8 groups of
  * 16 channels x 4 consecutive bytes (one 64-byte vector per group), the layout vpdpbusd sums
- * into 16 int32 lanes, one per channel, so no horizontal sums are needed.
+ * into 16 int32 lanes, one per channel, so no horizontal sums are needed (AVX2 takes the group as
+ * two 32-byte halves of 8 channels).
  *
- * The AVX-512 functions carry their own target attribute: the file is compiled without -m
- * flags, so loading it on a CPU without AVX-512 is safe and q8b_cpu_ok() says whether to call.
+ * The vector functions carry their own target attributes: the file is compiled without -m flags,
+ * so loading it on any x86-64 is safe and q8b_isa() says which entry point may be called.
  */
 #include <immintrin.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #define BLOCK 32
@@ -30,11 +39,19 @@
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 
-int q8b_cpu_ok(void) {
+#define AVX2 __attribute__((target("avx2,fma")))
+
+/* 2: AVX-512 VNNI (q8b_linear), 1: AVX2 (q8b_linear_avx2), 0: neither may be called here. */
+int q8b_isa(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+        return 2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+    return 0;
 }
+
+int q8b_cpu_ok(void) { return q8b_isa() == 2; }
 
 /* One row: k floats into kp/32 blocks of int8 codes, their scales and -128 x their sums.
  * Positions past k (the last block's padding) are zero. Division, not multiplication by the reciprocal, and
@@ -162,6 +179,106 @@ AVX512 void q8b_linear(const float *x, int m, int k, int kp, const uint8_t *pw, 
                 int count = panels - panel >= 2 ? 2 : 1;
                 tiles(rows, count, codes + (size_t)r0 * kp, xscales + (size_t)r0 * nb, xshifts + (size_t)r0 * nb,
                       kp, nb, pw, ps, panel, bias, out + (size_t)r0 * n, n);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- AVX2 */
+
+#define ROWS2 2  /* rows per AVX2 register tile: 2 rows x 2 halves = 4 int32 + 4 float accumulators (4 rows
+                    measured no faster: the tile is bound by its 4 instructions per 32 products) */
+
+/* One row's codes and scales, as quantize_row (the shifts are not needed: the weights are signed
+ * here). Scalar: it is O(k) against the matmul's O(k x n). nearbyintf rounds half to even in the
+ * default rounding mode, as torch.round does. */
+AVX2 static void quantize_row_avx2(const float *x, int k, int kp, int8_t *codes, float *scales) {
+    for (int b = 0; b < kp / BLOCK; b++) {
+        int start = b * BLOCK;
+        int n = k - start < BLOCK ? k - start : BLOCK;
+        float amax = 0.0f;
+        for (int i = 0; i < n; i++) {
+            float a = x[start + i] < 0 ? -x[start + i] : x[start + i];
+            amax = a > amax ? a : amax;
+        }
+        float scale = amax / 127.0f;
+        scales[b] = scale;
+        for (int i = 0; i < BLOCK; i++)
+            codes[start + i] = (i < n && scale > 0.0f) ? (int8_t)nearbyintf(x[start + i] / scale) : 0;
+    }
+}
+
+AVX2 static inline __attribute__((always_inline)) void tile_avx2(
+    int R, const int8_t *xq, const float *xs, int kp, int nb, const uint8_t *pw, const float *ps, int panel,
+    const float *bias, float *out, int ldo, int n) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256 acc[ROWS2][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        size_t at = (size_t)panel * nb + b;
+        const uint8_t *w = pw + at * PANEL * BLOCK;
+        __m256i dot[ROWS2][2];
+        for (int r = 0; r < R; r++) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int g = 0; g < BLOCK / 4; g++) {
+            __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + g * 64)), flip);
+            __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + g * 64 + 32)), flip);
+            for (int r = 0; r < R; r++) {
+                int32_t four;
+                memcpy(&four, xq + (size_t)r * kp + b * BLOCK + g * 4, 4);
+                __m256i xv = _mm256_set1_epi32(four);
+                __m256i ax = _mm256_abs_epi8(xv);
+                __m256i p0 = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, xv));
+                __m256i p1 = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xv));
+                dot[r][0] = _mm256_add_epi32(dot[r][0], _mm256_madd_epi16(p0, ones));
+                dot[r][1] = _mm256_add_epi32(dot[r][1], _mm256_madd_epi16(p1, ones));
+            }
+        }
+        __m256 ws0 = _mm256_loadu_ps(ps + at * PANEL), ws1 = _mm256_loadu_ps(ps + at * PANEL + 8);
+        for (int r = 0; r < R; r++) {
+            __m256 s = _mm256_set1_ps(xs[(size_t)r * nb + b]);
+            acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][0]), _mm256_mul_ps(ws0, s), acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][1]), _mm256_mul_ps(ws1, s), acc[r][1]);
+        }
+    }
+    int col = panel * PANEL;
+    int left = n - col < PANEL ? n - col : PANEL;
+    for (int r = 0; r < R; r++) {
+        float lanes[PANEL];
+        _mm256_storeu_ps(lanes, acc[r][0]);
+        _mm256_storeu_ps(lanes + 8, acc[r][1]);
+        float *o = out + (size_t)r * ldo + col;
+        for (int c = 0; c < left; c++) o[c] = lanes[c] + (bias ? bias[col + c] : 0.0f);
+    }
+}
+
+/* As q8b_linear, on AVX2; xshifts is not written. */
+AVX2 void q8b_linear_avx2(const float *x, int m, int k, int kp, const uint8_t *pw, const float *ps, int n,
+                          const float *bias, float *out, int8_t *codes, float *xscales, int32_t *xshifts,
+                          int threads) {
+    (void)xshifts;
+    int nb = kp / BLOCK;
+    int panels = (n + PANEL - 1) / PANEL;
+    int chunks = (m + ROW_CHUNK - 1) / ROW_CHUNK;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#pragma omp for schedule(static)
+        for (int r = 0; r < m; r++)
+            quantize_row_avx2(x + (size_t)r * k, k, kp, codes + (size_t)r * kp, xscales + (size_t)r * nb);
+#pragma omp for collapse(2) schedule(static)
+        for (int c = 0; c < chunks; c++) {
+            for (int panel = 0; panel < panels; panel++) {
+                int r0 = c * ROW_CHUNK;
+                int rows = m - r0 < ROW_CHUNK ? m - r0 : ROW_CHUNK;
+                for (int r = 0; r < rows; r += ROWS2) {
+                    const int8_t *xq = codes + (size_t)(r0 + r) * kp;
+                    const float *xs = xscales + (size_t)(r0 + r) * nb;
+                    float *o = out + (size_t)(r0 + r) * n;
+                    if (rows - r >= 2)
+                        tile_avx2(2, xq, xs, kp, nb, pw, ps, panel, bias, o, n, n);
+                    else
+                        tile_avx2(1, xq, xs, kp, nb, pw, ps, panel, bias, o, n, n);
+                }
             }
         }
     }

@@ -1,6 +1,7 @@
 """int8 with a scale per block of 32 (surge's kernel, `--quantization int8` on x86 with AVX-512
-VNNI): the kernel's sums equal the grid's exact products, every block keeps its own scale, the
-thread split changes nothing, and a quantized model loses less than with per-channel scales."""
+VNNI or AVX2): each entry point's sums equal the grid's exact products, every block keeps its own
+scale, the thread split changes nothing, a quantized model loses less than with per-channel
+scales, and an entry point is used only after it passed its probe in a child process."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from models.linear.int8 import Int8Linear, activation_qmax
 from models.linear.swap import cpu_linears, swap_linears
 
 
-def _kernel() -> block_kernel.BlockKernel:
+@pytest.fixture(params=sorted(block_kernel.ISAS))
+def kernel(request: pytest.FixtureRequest) -> block_kernel.BlockKernel:
+    """Each of the kernel's entry points this CPU runs (AVX-512 VNNI, AVX2): all must agree."""
     try:
-        return block_kernel.load()
+        return block_kernel.load(request.param)
     except block_kernel.KernelUnavailable as exc:
-        pytest.skip(f"the block kernel cannot run here: {exc}")
+        pytest.skip(f"the block kernel's {request.param} path cannot run here: {exc}")
 
 
 def _grid(a: torch.Tensor) -> torch.Tensor:
@@ -61,16 +64,18 @@ def _reference(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         (33, 256, 80, True),  # an odd number of panels (5)
     ],
 )
-def test_the_kernel_equals_the_grids_exact_product(rows: int, in_features: int, out_features: int, bias: bool) -> None:
+def test_the_kernel_equals_the_grids_exact_product(
+    kernel: block_kernel.BlockKernel, rows: int, in_features: int, out_features: int, bias: bool
+) -> None:
     torch.manual_seed(rows)
     linear = nn.Linear(in_features, out_features, bias=bias)
     x = torch.randn(rows, in_features) * torch.logspace(-3, 3, rows)[:, None]
-    got = BlockInt8Linear(linear, _kernel())(x)
+    got = BlockInt8Linear(linear, kernel)(x)
     assert got.shape == (rows, out_features) and got.dtype == torch.float32
     _assert_row_close(got, _reference(linear, x))
 
 
-def test_extremes_sum_exactly() -> None:
+def test_extremes_sum_exactly(kernel: block_kernel.BlockKernel) -> None:
     # Codes at both ends of their range in every position: the unsigned weight codes (1..255)
     # times +-127 activations, 32 to a block, must not overflow or saturate.
     linear = nn.Linear(128, 32, bias=False)
@@ -78,12 +83,12 @@ def test_extremes_sum_exactly() -> None:
         linear.weight.copy_(torch.sign(torch.randn(32, 128)))
     x = torch.sign(torch.randn(4, 128)) * torch.tensor([1.0, 1e4, 1e-4, 3.0])[:, None]
     x[3] = 0.0  # a row of zeros: scale 0, no division by it
-    got = BlockInt8Linear(linear, _kernel())(x)
+    got = BlockInt8Linear(linear, kernel)(x)
     _assert_row_close(got[:3], _reference(linear, x)[:3])
     assert (got[3] == 0).all()
 
 
-def test_each_block_keeps_its_own_scale() -> None:
+def test_each_block_keeps_its_own_scale(kernel: block_kernel.BlockKernel) -> None:
     # One block of a row a million times smaller than the rest keeps its precision: a scale per
     # row (per token) would round it to zero.
     torch.manual_seed(1)
@@ -92,14 +97,14 @@ def test_each_block_keeps_its_own_scale() -> None:
         linear.weight[:, 32:] = 0.0  # only the small block reaches the output
     x = torch.randn(2, 64)
     x[:, :32] *= 1e-6
-    got, want = BlockInt8Linear(linear, _kernel())(x), linear(x).detach()
+    got, want = BlockInt8Linear(linear, kernel)(x), linear(x).detach()
     assert ((got - want).norm(dim=1) / want.norm(dim=1)).max() < 0.02
 
 
-def test_threads_do_not_change_a_bit() -> None:
+def test_threads_do_not_change_a_bit(kernel: block_kernel.BlockKernel) -> None:
     torch.manual_seed(2)
     linear = nn.Linear(192, 96)
-    layer = BlockInt8Linear(linear, _kernel())
+    layer = BlockInt8Linear(linear, kernel)
     x = torch.randn(130, 192)
     before = torch.get_num_threads()
     try:
@@ -112,9 +117,9 @@ def test_threads_do_not_change_a_bit() -> None:
     assert torch.equal(one, many)
 
 
-def test_bfloat16_and_strided_inputs() -> None:
+def test_bfloat16_and_strided_inputs(kernel: block_kernel.BlockKernel) -> None:
     linear = nn.Linear(64, 32)
-    layer = BlockInt8Linear(linear, _kernel())
+    layer = BlockInt8Linear(linear, kernel)
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     got = layer(x)
     assert got.dtype == torch.bfloat16
@@ -127,10 +132,11 @@ def test_bfloat16_and_strided_inputs() -> None:
 
 
 @torch.inference_mode()
-def test_a_block_model_loses_less_than_a_per_channel_one(tiny_model_dir: Path) -> None:
+def test_a_block_model_loses_less_than_a_per_channel_one(
+    kernel: block_kernel.BlockKernel, tiny_model_dir: Path
+) -> None:
     # The point of the grid: on the same model and tokens, blocks of 32 stay closer to float32
     # than oneDNN's per-channel weights and per-token activations, and hold under a third of the bytes.
-    kernel = _kernel()
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     blocks, channels = copy.deepcopy(model), copy.deepcopy(model)
     swap_linears(cpu_linears(blocks), lambda linear: BlockInt8Linear(linear, kernel))
@@ -202,3 +208,33 @@ def test_packing_in_chunks_gives_the_whole_layers_codes(
     monkeypatch.setattr(block_int8, "CHUNK_ELEMENTS", 1)  # one panel of 16 channels at a time
     chunked = block_int8.pack_weight(weight)
     assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])
+
+
+def test_an_entry_point_the_cpu_cannot_run_fails_its_probe_in_a_child_not_here() -> None:
+    # What the probe is for: an instruction the CPU lacks kills the child (SIGILL), not the server.
+    try:
+        path = block_kernel.find_or_build()
+    except block_kernel.KernelUnavailable as exc:
+        pytest.skip(str(exc))
+    import ctypes
+
+    usable = block_kernel.usable_isas(ctypes.CDLL(str(path)))
+    for isa in block_kernel.ISAS:
+        failure = block_kernel.probe(path, isa)
+        if isa in usable:
+            assert failure is None, (isa, failure)
+        else:
+            assert failure is not None and "signal 4" in failure, (isa, failure)
+
+
+def test_surge_int8_isa_caps_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        best = block_kernel.load()
+    except block_kernel.KernelUnavailable as exc:
+        pytest.skip(str(exc))
+    assert best.isa == next(iter(isa for isa in block_kernel.ISAS if isa in block_kernel.usable_isas(best.library)))
+    monkeypatch.setenv("SURGE_INT8_ISA", "avx2")
+    assert block_kernel.load().isa == "avx2"
+    monkeypatch.setenv("SURGE_INT8_ISA", "none")
+    with pytest.raises(block_kernel.KernelUnavailable, match="SURGE_INT8_ISA"):
+        block_kernel.load()

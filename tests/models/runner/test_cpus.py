@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from models.runner.cpus import available_cpus, cgroup_cpu_quota, prefill_thread_count
+from models.runner.cpus import CpuFeatures, available_cpus, cgroup_cpu_quota, cpu_features, prefill_thread_count
 
 
 def test_available_cpus_is_at_most_the_affinity_mask() -> None:
@@ -36,3 +36,33 @@ def test_the_cgroup_quota_in_cpus(tmp_path: Path, files: dict[str, str], expecte
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert cgroup_cpu_quota(tmp_path) == expected
+
+
+SAPPHIRE_RAPIDS = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu avx2 fma avx512f avx512bw avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+
+processor\t: 1
+model name\t: ignored: the first processor speaks for all
+"""
+ZEN3 = "model name\t: AMD EPYC\nflags\t\t: fpu sse4_2 avx avx2 fma\n"
+
+
+def test_cpu_features_read_the_model_name_and_flags(tmp_path: Path) -> None:
+    (tmp_path / "spr").write_text(SAPPHIRE_RAPIDS)
+    spr = cpu_features(tmp_path / "spr")
+    assert spr.model_name.startswith("Intel(R) Xeon(R) Platinum 8481C")
+    assert spr.native_bf16 and spr.amx and spr.vector_isa == "AMX-BF16/INT8"
+    (tmp_path / "zen3").write_text(ZEN3)
+    zen3 = cpu_features(tmp_path / "zen3")
+    assert not zen3.native_bf16 and not zen3.amx and zen3.vector_isa == "AVX2"
+    assert zen3.summary() == "AMD EPYC (AVX2)"
+    assert cpu_features(tmp_path / "missing") == CpuFeatures("", frozenset())
+
+
+def test_this_machines_features_are_read() -> None:
+    here = cpu_features()
+    if not Path("/proc/cpuinfo").exists():
+        pytest.skip("no /proc/cpuinfo")
+    assert here.flags and here.vector_isa in here.summary()

@@ -65,7 +65,7 @@ from typing import Any, Protocol
 from tqdm import tqdm
 
 from models.runner.cpus import available_cpus, prefill_thread_count  # no torch: this process stays free of it
-from scripts.benchkit import llama, prefix, prefix_run, structured
+from scripts.benchkit import llama, prefix, prefix_run, roofline, structured
 from scripts.benchkit.ceiling import CEILING_PROMPT_TOKENS, ceiling_worker, thread_counts
 from scripts.benchkit.load import (
     DEFAULT_PROMPT_WORDS,
@@ -789,10 +789,17 @@ def main(argv: list[str]) -> int:
         rows = combine_rounds(round_rows, results_by_row)
     add_vs_off(rows)
     table = render(rows, machine, command, note, round_rows if args.rounds > 1 else None)
+    peaks = None
+    if args.device == "cpu" and not args.smoke:  # every report reads its figures against this machine's limits
+        peaks = roofline.measure_peaks(available_cpus())
+        dtype = "int8" if args.quantization == "int8" else args.dtype
+        costs = roofline.model_costs(model_dir)
+        table += "\n".join(roofline.render_decode_rows(rows, costs, peaks, dtype, args.max_tokens)) + "\n"
     print("\n" + table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table)
     report = {"command": command, "machine": machine, "model_dir": str(model_dir), "rows": rows, "raw": raw}
+    report["peaks"] = peaks
     if args.rounds > 1:
         report["round_rows"] = round_rows
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))

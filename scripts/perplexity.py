@@ -1,7 +1,8 @@
-"""What 8-bit weights cost in output quality: surge's `--quantization int8` against llama.cpp's
-Q8_0 GGUF of the same weights, each against its own float32, on one fixed text.
+"""What 8-bit weights (and bfloat16) cost in output quality: surge's `--quantization int8` against
+llama.cpp's Q8_0 GGUF of the same weights, each against its own float32, on one fixed text.
 
     .venv/bin/python -m scripts.perplexity --model-size l [--ctx 256] [--chunks 16] [--out FILE]
+    .venv/bin/python -m scripts.perplexity --model-size m --surge-weights float32,bfloat16,int8 --no-llama
 
 Both sides are scored the way llama.cpp's `llama-perplexity` scores: the text tokenized once, cut
 into chunks of `--ctx` tokens, each chunk evaluated from an empty cache, and only the predictions
@@ -93,10 +94,18 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-def surge_scores(model_dir: Path, text: str, ctx: int, chunks: int) -> tuple[list[Score], int]:
+# surge's weights as scored: name -> (--dtype, --quantization); float32 first (the others' base).
+SURGE_WEIGHTS = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "int8": ("float32", "int8")}
+
+
+def surge_scores(
+    model_dir: Path, text: str, ctx: int, chunks: int, weights: tuple[str, ...] = ("float32", "int8")
+) -> tuple[list[Score], int]:
     scores, base = [], None
-    for quantization in ("none", "int8"):
-        loaded = load_model(ModelConfig(str(model_dir), device="cpu", num_threads=0, quantization=quantization))
+    for name in ("float32", *(w for w in weights if w != "float32")):
+        dtype, quantization = SURGE_WEIGHTS[name]
+        config = ModelConfig(str(model_dir), device="cpu", dtype=dtype, num_threads=0, quantization=quantization)
+        loaded = load_model(config)
         assert loaded.model is not None  # not the echo model
         torch.set_num_threads(available_cpus())
         tokens = loaded.tokenizer.encode(text)
@@ -110,8 +119,7 @@ def surge_scores(model_dir: Path, text: str, ctx: int, chunks: int) -> tuple[lis
         else:
             kld = (base.exp() * (base - log_probs)).sum(-1).mean().item()
             same = (base.argmax(-1) == log_probs.argmax(-1)).float().mean().item()
-        weights = "float32" if quantization == "none" else "int8"
-        scores.append(Score("surge", weights, float(torch.tensor(nll).exp()), kld, same, weight_bytes(loaded.model)))
+        scores.append(Score("surge", name, float(torch.tensor(nll).exp()), kld, same, weight_bytes(loaded.model)))
     return scores, len(tokens)
 
 
@@ -177,6 +185,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--chunks", type=int, default=16)
     parser.add_argument("--no-llama", action="store_true", help="surge's side only (no llama.cpp build)")
     parser.add_argument("--out", type=Path, help="also write the scores as JSON here")
+    parser.add_argument(
+        "--surge-weights",
+        default="float32,int8",
+        help=f"surge's weights to score, comma-separated among {', '.join(SURGE_WEIGHTS)} (float32 always: the base)",
+    )
     args = parser.parse_args(argv)
     if args.ctx < 4 or args.ctx % 2 or args.chunks < 1:
         parser.error("--ctx must be an even number of at least 4, --chunks at least 1")
@@ -185,7 +198,10 @@ def main(argv: list[str]) -> int:
     text_file = args.cache_dir / f"perplexity-text-{TEXT_SEED}-{len(text)}.txt"
     text_file.parent.mkdir(parents=True, exist_ok=True)
     text_file.write_text(text)
-    scores, num_tokens = surge_scores(model_dir, text, args.ctx, args.chunks)
+    weights = tuple(w for w in args.surge_weights.split(",") if w)
+    if unknown := set(weights) - set(SURGE_WEIGHTS):
+        parser.error(f"unknown --surge-weights {sorted(unknown)}")
+    scores, num_tokens = surge_scores(model_dir, text, args.ctx, args.chunks, weights)
     if not args.no_llama:
         scores += llama_scores(model_dir, args.cache_dir, text_file, args.ctx, args.chunks)
     print(render(scores, num_tokens, args.ctx, args.chunks))

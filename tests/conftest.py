@@ -19,6 +19,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # `surge serve` subprocesses serve no embedding model unless a test passes --embedding-model
 # (tests/live_server.py does the same for in-process servers).
 os.environ.setdefault("SURGE_EMBEDDING_MODEL", "")
+# The suite's expectations are float32's: greedy output the same batched or alone (bfloat16's
+# rounding depends on the batch's shape), KV pools sized in float32 bytes. `--dtype auto` picks
+# bfloat16 on CPUs with bf16 units, so engines and servers here ask for float32 (surge serve
+# subprocesses through this variable, tests/live_server.py and the engine tests by argument);
+# tests/models/loading/test_dtype_choice.py serves through `auto` on whatever CPU runs the suite.
+os.environ.setdefault("SURGE_DTYPE", "float32")
 
 
 @pytest.fixture(scope="session")

@@ -133,6 +133,7 @@ def running_server(model: Path | str, **settings: object) -> Iterator[LiveServer
     # No embedding model unless the test asks for one (`embedding_model="tiny"`): most tests serve
     # chat only, and an encoder per server was minutes of the suite.
     settings.setdefault("embedding_model", "")
+    settings.setdefault("dtype", "float32")  # tests/conftest.py says why
     app = create_app(Settings(model=str(model), served_model_name=MODEL_NAME, **settings))  # type: ignore[arg-type]
     with serve_app(app) as base_url:
         wait_until_ready(f"{base_url}/ready", 60.0)

@@ -55,6 +55,9 @@ class ChunkRows:
     start: int
     num_tokens: int
     slot: int
+    # It starts its prompt (keys: its own tokens) and fits any sliding window: attended causally
+    # without a mask when it runs alone (models/runner/attention.py).
+    fresh: bool = False
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ from transformers import BertConfig, BertModel
 from models.loading.tiny import BUILD_VERSION, ENDOFTEXT_ID, VOCAB_SIZE, _build_once, build_tokenizer, default_cache_dir
 
 # Bump whenever this recipe changes (the tokenizer's is BUILD_VERSION), so cached builds are redone.
-ENCODER_VERSION = 1
+ENCODER_VERSION = 2
 HIDDEN_SIZE = 256  # wide enough that unrelated texts' vectors are near orthogonal (cosine ~0 +- 0.06)
 MAX_INPUT_TOKENS = 512
 WEIGHT_SEED = 0
@@ -49,10 +49,10 @@ def build_tiny_encoder(out_dir: Path) -> Path:
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with torch.random.fork_rng(devices=[]):
+    # Every draw under the seed: the same vectors from every build, whatever the process drew before.
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(WEIGHT_SEED)
         model = BertModel(config)  # with its pooler, unused, so AutoModel finds every weight it builds
-    with torch.no_grad():
         model.embeddings.position_embeddings.weight.zero_()
         model.embeddings.token_type_embeddings.weight.zero_()
         # Token vectors of unit scale (the embedding LayerNorm makes them so anyway), the layers'

@@ -61,11 +61,13 @@ def packed_attention(
         out, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)  # (C, T, H, D)
         parts.append(out.flatten(0, 1).index_select(0, plan.chunk_real)[None])  # (1, P, H, D)
     else:
-        for chunk in plan.chunks:  # one chunk: its slot's K/V as a view, no copy
+        for chunk in plan.chunks:  # each chunk alone: its slot's K/V as a view, no copy
             rows = slice(chunk.start, chunk.start + chunk.num_tokens)
-            kv, length = slice(chunk.slot, chunk.slot + 1), plan.chunk_len
+            # A fresh chunk's keys are its own tokens: causal, no mask (SDPA skips the upper half).
+            causal = plan.causal_chunks or chunk.fresh
+            kv, length = slice(chunk.slot, chunk.slot + 1), chunk.num_tokens if chunk.fresh else plan.chunk_len
             k, v = key[kv, :, :length], value[kv, :, :length]
-            mask = None if plan.causal_chunks else attention_mask[:, :, rows, :length]
+            mask = None if causal else attention_mask[:, :, rows, :length]
             out, _ = sdpa_attention_forward(module, query[:, :, rows], k, v, mask, **kwargs)
             parts.append(out)  # (1, T, H, D)
     return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), None

@@ -34,6 +34,10 @@ from models.scheduler.sequence import Sequence
 log = logging.getLogger("surge.engine")
 
 
+# Padded rows over real ones past which a step's chunks attend one by one (see _packed).
+PADDED_CHUNKS_MAX_WASTE = 1.5
+
+
 class ModelRunner:
     def __init__(
         self, model: PreTrainedModel, max_num_seqs: int, max_model_len: int, packed: bool | None = None
@@ -158,7 +162,8 @@ class ModelRunner:
         keep = []  # the rows whose logits come back: completing chunks' last tokens, then decodes
         for chunk in chunks:
             start, end, slot = chunk.start, chunk.start + chunk.num_tokens, chunk.seq.slot
-            groups.append(ChunkRows(len(input_ids), chunk.num_tokens, slot))
+            fits = self._sliding_window is None or chunk.num_tokens <= self._sliding_window
+            groups.append(ChunkRows(len(input_ids), chunk.num_tokens, slot, fresh=start == 0 and fits))
             input_ids += chunk.seq.prefill_token_ids[start:end]
             span = range(start, end)
             positions += span
@@ -182,8 +187,11 @@ class ModelRunner:
             chunk_len=chunk_len,
             causal_chunks=fresh and (window is None or chunk_len <= window),
         )
-        if len(groups) > 1:
-            width = max(g.num_tokens for g in groups)
+        width = max((g.num_tokens for g in groups), default=0)
+        # Several chunks attend as one padded batch, unless padding would be most of it: a step
+        # that finishes one long prompt (a few tokens) and starts the next (thousands) would pad
+        # the few to thousands of rows; they run one by one then, each fresh one causally.
+        if len(groups) > 1 and len(groups) * width <= PADDED_CHUNKS_MAX_WASTE * sum(g.num_tokens for g in groups):
             index = [[g.start + min(t, g.num_tokens - 1) for t in range(width)] for g in groups]
             real_rows = [c * width + t for c, g in enumerate(groups) for t in range(g.num_tokens)]
             plan.chunk_index = torch.tensor(index, device=device)

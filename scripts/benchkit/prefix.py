@@ -376,6 +376,10 @@ def combine_rounds(measured: list[tuple[dict[str, Any], list[TurnResult]]]) -> l
             values = [m[key] for m in in_order if m.get(key) is not None]
             row[key] = statistics.median(values) if values else None
             row[f"{key}_rounds"] = values
+        # Each round's own latency and hit rate beside the pooled ones: a target on TTFT is judged
+        # in every round, and the spread between rounds says how far one run can be trusted.
+        for key in ("ttft_p50_s", "ttft_p50_later_s", "cache_hit_rate"):
+            row[f"{key}_rounds"] = [m.get(key) for m in in_order]
         rss = [m["peak_rss_mib"] for m in rows if m.get("peak_rss_mib") is not None]
         row["peak_rss_mib"] = max(rss) if rss else None
         row["rounds"] = len(rows)

@@ -38,7 +38,7 @@ MODEL = "tiny-test"
 async def start_engine(model_dir: Path) -> AsyncEngine:
     scheduler = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=512)
     return await AsyncEngine.start(
-        EngineConfig(ModelConfig(str(model_dir), device="cpu"), scheduler, separate_process=False)
+        EngineConfig(ModelConfig(str(model_dir), device="cpu", dtype="float32"), scheduler, separate_process=False)
     )
 
 

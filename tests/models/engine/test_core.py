@@ -28,7 +28,9 @@ async def make_engine(tiny_model_dir: Path) -> AsyncIterator[EngineFactory]:
     async def make(**scheduler: int) -> AsyncEngine:
         scheduler.setdefault("max_model_len", 512)
         config = EngineConfig(
-            ModelConfig(str(tiny_model_dir), device="cpu"), SchedulerConfig(**scheduler), separate_process=False
+            ModelConfig(str(tiny_model_dir), device="cpu", dtype="float32"),
+            SchedulerConfig(**scheduler),
+            separate_process=False,
         )
         engine = await AsyncEngine.start(config)
         engines.append(engine)
@@ -332,7 +334,9 @@ class RecordingObserver:
 async def test_observer_sees_steps_tokens_and_finishes_but_not_warmup(tiny_model_dir: Path) -> None:
     observer = RecordingObserver()
     config = EngineConfig(
-        ModelConfig(str(tiny_model_dir), device="cpu"), SchedulerConfig(max_model_len=512), separate_process=False
+        ModelConfig(str(tiny_model_dir), device="cpu", dtype="float32"),
+        SchedulerConfig(max_model_len=512),
+        separate_process=False,
     )
     engine = await AsyncEngine.start(config, observer=observer)
     try:

@@ -52,7 +52,9 @@ async def test_the_engine_fails_the_named_step_after_warmup_and_goes_on(
 ) -> None:
     monkeypatch.setenv(FORWARD_ERROR_STEPS_ENV, "3")  # read by the engine when it is built
     config = EngineConfig(
-        ModelConfig(str(tiny_model_dir), device="cpu"), SchedulerConfig(max_model_len=128), separate_process=False
+        ModelConfig(str(tiny_model_dir), device="cpu", dtype="float32"),
+        SchedulerConfig(max_model_len=128),
+        separate_process=False,
     )
     engine = await AsyncEngine.start(config)  # warmup runs many steps: none of them counts
     try:

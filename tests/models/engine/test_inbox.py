@@ -14,7 +14,7 @@ def test_an_abort_in_the_inbox_is_not_a_waiting_request(tiny_model_dir: Path) ->
     """Regression (overload run: surge_requests_waiting 33 with --max-queued-requests 32 while a
     probe disconnected): the inbox carries aborts too, and `num_waiting` counted its size, so a
     client going away showed as one more request waiting until the loop took the abort."""
-    loaded = load_model(ModelConfig(str(tiny_model_dir), device="cpu"))
+    loaded = load_model(ModelConfig(str(tiny_model_dir), device="cpu", dtype="float32"))
     core = EngineCore(loaded, SchedulerConfig(max_model_len=512), publish=lambda outputs: None)  # loop not started
     core.add_request("a", [5, 6, 7], SamplingParams(max_tokens=4))
     core.abort_request("gone")

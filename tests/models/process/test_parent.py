@@ -29,7 +29,7 @@ def engine_config(model: Path | str, separate_process: bool = True, **scheduler:
     scheduler.setdefault("max_num_seqs", 8)
     scheduler.setdefault("max_num_batched_tokens", 64)
     return EngineConfig(
-        ModelConfig(str(model), device="cpu"),
+        ModelConfig(str(model), device="cpu", dtype="float32"),
         SchedulerConfig(**scheduler),  # type: ignore[arg-type]
         separate_process=separate_process,
     )

@@ -24,7 +24,7 @@ def test_a_step_message_split_by_a_full_pipe_is_not_read_as_a_dead_engine(tiny_m
     # the server took for the engine process exiting: every request failed and /ready stayed 503.
     async def main() -> tuple[list[FinishReason | None], BaseException | None]:
         config = EngineConfig(
-            ModelConfig(str(tiny_model_dir), device="cpu"),
+            ModelConfig(str(tiny_model_dir), device="cpu", dtype="float32"),
             SchedulerConfig(max_num_seqs=NUM_SEQS, max_model_len=512, max_num_batched_tokens=512),
             separate_process=True,
         )

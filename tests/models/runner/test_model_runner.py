@@ -146,6 +146,42 @@ def test_steps_of_new_prompts_attend_causally_without_a_mask(arch_dir: Path, dev
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=f"step {step}")
 
 
+def test_a_short_tail_beside_a_long_new_prompt_attends_chunk_by_chunk(arch_dir: Path, device: str) -> None:
+    # A step that finishes one prompt (2 tokens left) and starts the next (30): one padded batch
+    # would pad the tail to 30 rows; each chunk runs alone instead, the new one causally without
+    # a mask, the tail against its earlier keys. Logits must match the split runner's.
+    packed = ModelRunner(load(arch_dir, device), max_num_seqs=3, max_model_len=64)
+    split = ModelRunner(load(arch_dir, device), max_num_seqs=3, max_model_len=64, packed=False)
+    seen: list[tuple[bool, tuple[bool, ...]]] = []
+    forward = packed.model.forward
+
+    def spy_forward(*args: object, **kwargs: object) -> object:
+        plan = packed.cache.plan
+        assert plan is not None and plan.chunks is not None
+        seen.append((plan.chunk_index is not None, tuple(chunk.fresh for chunk in plan.chunks)))
+        return forward(*args, **kwargs)
+
+    packed.model.forward = spy_forward  # type: ignore[method-assign]
+    results = []
+    for runner in (packed, split):
+        a, b, c = sequences(3, {"a": 12, "b": 30, "c": 9})
+        steps: Steps = [
+            (1, [PrefillChunk(a, 0, 10)], []),  # a's first part
+            (2, [PrefillChunk(a, 10, 2), PrefillChunk(b, 0, 14)], []),  # a's tail, b's start (not padded)
+            (3, [PrefillChunk(b, 14, 16), PrefillChunk(c, 0, 9)], [a]),  # even sizes: one padded batch
+            (3, [], [a, b, c]),
+        ]
+        results.append(run_steps(runner, steps))
+    window = packed._sliding_window
+    fits = window is None or window >= 14
+    assert seen[1] == (False, (False, fits))  # 2 x 14 rows padded for 16 real: one by one
+    assert seen[2][0] is True  # 2 x 16 for 25 real: batched
+    assert results[0][0].numel() == results[1][0].numel() == 0  # a's first part alone: nothing sampled
+    for step, (g, w) in enumerate(zip(*results, strict=True)):
+        if step:
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=f"step {step}")
+
+
 @pytest.fixture(scope="module")
 def gqa_dir(model_root: Path) -> Path:
     """The `m` tiny Llama: 8 query heads over 4 key/value heads (`s` has none to group)."""

@@ -78,7 +78,9 @@ def test_prefill_threads_0_takes_every_available_cpu() -> None:
 
 
 def test_the_engine_prefills_a_burst_on_more_threads_and_decodes_on_one(tiny_model_dir: Path) -> None:
-    loaded = load_model(ModelConfig(str(tiny_model_dir), device="cpu", num_threads=1, prefill_threads=2))
+    loaded = load_model(
+        ModelConfig(str(tiny_model_dir), device="cpu", dtype="float32", num_threads=1, prefill_threads=2)
+    )
     assert loaded.threads is not None and (loaded.threads.decode, loaded.threads.prefill) == (1, 2)
     finished = threading.Event()
     outputs: list[RequestOutput] = []
@@ -142,7 +144,9 @@ def test_more_threads_are_chosen_only_where_the_http_side_leaves_them_room() -> 
 
 
 def test_warm_up_measures_the_decode_threads_when_asked(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    loaded = load_model(ModelConfig(str(tiny_model_dir), device="cpu", num_threads=AUTO_THREADS, prefill_threads=2))
+    loaded = load_model(
+        ModelConfig(str(tiny_model_dir), device="cpu", dtype="float32", num_threads=AUTO_THREADS, prefill_threads=2)
+    )
     assert loaded.threads is not None and loaded.threads.measure
     core = EngineCore(loaded, SchedulerConfig(max_num_seqs=4, max_model_len=256), lambda outputs: None)
     with caplog.at_level("INFO", logger="surge.engine"):
@@ -161,7 +165,9 @@ def test_warm_up_measures_the_decode_threads_when_asked(tiny_model_dir: Path, ca
 
 def test_auto_with_one_cpu_to_choose_from_runs_on_that_one(tiny_model_dir: Path) -> None:
     torch.set_num_threads(2)
-    loaded = load_model(ModelConfig(str(tiny_model_dir), device="cpu", num_threads=AUTO_THREADS, prefill_threads=1))
+    loaded = load_model(
+        ModelConfig(str(tiny_model_dir), device="cpu", dtype="float32", num_threads=AUTO_THREADS, prefill_threads=1)
+    )
     assert loaded.threads is None
     assert torch.get_num_threads() == 1  # not torch's default of every core
 

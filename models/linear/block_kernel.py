@@ -75,6 +75,12 @@ class BlockKernel:
         activation_scales, activation_shifts, threads): pointers and ints, as the C source documents."""
         getattr(self.library, ISAS[self.isa][0])(*args)  # ctypes caches the function on the library
 
+    def dequant_bf16(self, *args: int) -> None:
+        """q8b_dequant_bf16(weight_codes, weight_scales, n, k, kp, out, threads): the packed weight
+        as a bfloat16 n x k matrix (out), for prefills through AMX (models/linear/block_int8.py);
+        AVX-512 on the VNNI entry point's CPUs, a plain loop on the others (the same bits)."""
+        self.library.q8b_dequant_bf16(*args, int(self.isa == "avx512-vnni"))
+
 
 def digest() -> str:
     """Names the library built from this source with these flags."""
@@ -193,6 +199,8 @@ def load(isa: str | None = None) -> BlockKernel:
         function = getattr(library, entry)
         function.restype = None
         function.argtypes = [_P, _I, _I, _I, _P, _P, _I, _P, _P, _P, _P, _P, _I]
+    library.q8b_dequant_bf16.restype = None
+    library.q8b_dequant_bf16.argtypes = [_P, _P, _I, _I, _I, _P, _I, _I]
     candidates = usable_isas(library)
     if isa is not None:
         if isa not in candidates:

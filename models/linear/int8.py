@@ -30,8 +30,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from models.linear import block_kernel
-from models.linear.block_int8 import BlockInt8Linear
+from models.linear import amx, block_kernel
+from models.linear.block_int8 import TILE_ROWS, BlockInt8Linear
 from models.linear.swap import cpu_linears, swap_linears
 from models.runner.row_buckets import pad_rows
 
@@ -107,7 +107,11 @@ def _layer_builder(rows_hint: int) -> tuple[Callable[[nn.Linear], nn.Module], st
     except (block_kernel.KernelUnavailable, OSError) as exc:
         log.warning("quantization int8: per output channel through oneDNN, not blocks of 32 (%s)", exc)
     else:
-        return (lambda linear: BlockInt8Linear(linear, kernel)), f"in blocks of 32, surge's kernel {kernel.path.name}"
+        kind = f"in blocks of 32, surge's kernel {kernel.path.name} ({kernel.isa})"
+        tile_rows = TILE_ROWS if amx.bf16_tiles() else None
+        if tile_rows is not None:
+            kind += f", prefills of {tile_rows}+ rows on AMX bfloat16 tiles"
+        return (lambda linear: BlockInt8Linear(linear, kernel, tile_rows)), kind
     if not hasattr(torch.ops.onednn, "qlinear_pointwise") or not torch.backends.mkldnn.is_available():
         raise ValueError("quantization int8: this torch build has no oneDNN int8 linear")
     try:

@@ -283,3 +283,74 @@ AVX2 void q8b_linear_avx2(const float *x, int m, int k, int kp, const uint8_t *p
         }
     }
 }
+
+/* ---------------------------------------------------------------- dequantization to bfloat16 */
+
+/* The packed weight (codes pw, scales ps) back to bfloat16, row-major n x k (the padding past k
+ * dropped): out[c, i] = (code - 128) x scale of c's block, rounded to nearest even. For a prefill
+ * of many rows on a CPU whose bfloat16 matmul runs on AMX tiles, where one pass over the weights
+ * into bfloat16 and the tiles' product beat the VNNI kernel (models/linear/block_int8.py). The
+ * product is rounded to float32, then to bfloat16, as torch rounds `(codes * scales).bfloat16()`
+ * (finite scales: a weight block with an inf or NaN is not a model). AVX-512 where `wide` asks for it and
+ * q8b_isa() allows it (the tile path runs on AMX CPUs, which all have it), a plain loop elsewhere;
+ * the two give the same bits. */
+static void dequant_block_scalar(const uint8_t *codes, const float *scales, int channels, int width,
+                                 uint16_t *out, int k) {
+    for (int j = 0; j < channels; j++) {
+        uint16_t *row = out + (size_t)j * k;
+        for (int i = 0; i < width; i++) {
+            float f = (float)((int)codes[((i >> 2) * PANEL + j) * 4 + (i & 3)] - 128) * scales[j];
+            uint32_t u;
+            memcpy(&u, &f, sizeof u);
+            row[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        }
+    }
+}
+
+AVX512 static inline __m256i bf16_of(__m512 f) {
+    __m512i u = _mm512_castps_si512(f);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
+}
+
+/* One (panel, block): channel j's 32 codes are 8 groups of 4 bytes, 64 bytes apart (the layout
+ * vpdpbusd reads), gathered into one 32-byte vector in input order, widened, scaled, rounded and
+ * stored as one row piece of 64 bytes. */
+AVX512 static void dequant_block_avx512(const uint8_t *codes, const float *scales, int channels, int width,
+                                        uint16_t *out, int k) {
+    const __m256i groups = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
+    const __m512i shift = _mm512_set1_epi32(128);
+    __mmask16 lo_mask = width >= 16 ? 0xffff : (__mmask16)((1u << width) - 1);
+    __mmask16 hi_mask = width >= 32 ? 0xffff : width <= 16 ? 0 : (__mmask16)((1u << (width - 16)) - 1);
+    for (int j = 0; j < channels; j++) {
+        __m256i v = _mm256_i32gather_epi32((const int *)(codes + j * 4), groups, 1);
+        __m512 s = _mm512_set1_ps(scales[j]);
+        __m512i lo = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(v)), shift);
+        __m512i hi = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(v, 1)), shift);
+        uint16_t *row = out + (size_t)j * k;
+        _mm256_mask_storeu_epi16(row, lo_mask, bf16_of(_mm512_mul_ps(_mm512_cvtepi32_ps(lo), s)));
+        _mm256_mask_storeu_epi16(row + 16, hi_mask, bf16_of(_mm512_mul_ps(_mm512_cvtepi32_ps(hi), s)));
+    }
+}
+
+void q8b_dequant_bf16(const uint8_t *pw, const float *ps, int n, int k, int kp, uint16_t *out, int threads, int wide) {
+    int nb = kp / BLOCK;
+    int panels = (n + PANEL - 1) / PANEL;
+    wide = wide && q8b_isa() == 2;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (threads > 1)
+    for (int p = 0; p < panels; p++) {
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *codes = pw + ((size_t)p * nb + b) * (BLOCK * PANEL);  /* [8 groups][16 ch][4] */
+            const float *scales = ps + ((size_t)p * nb + b) * PANEL;
+            int i0 = b * BLOCK;
+            int width = k - i0 < BLOCK ? k - i0 : BLOCK;
+            int channels = n - p * PANEL < PANEL ? n - p * PANEL : PANEL;
+            uint16_t *dst = out + (size_t)p * PANEL * k + i0;
+            if (wide)
+                dequant_block_avx512(codes, scales, channels, width, dst, k);
+            else
+                dequant_block_scalar(codes, scales, channels, width, dst, k);
+        }
+    }
+}

@@ -238,3 +238,41 @@ def test_surge_int8_isa_caps_the_choice(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("SURGE_INT8_ISA", "none")
     with pytest.raises(block_kernel.KernelUnavailable, match="SURGE_INT8_ISA"):
         block_kernel.load()
+
+
+@pytest.mark.parametrize(("in_features", "out_features"), [(96, 48), (200, 37)])
+def test_the_weight_comes_back_in_bfloat16_exactly(
+    kernel: block_kernel.BlockKernel, in_features: int, out_features: int
+) -> None:
+    """q8b_dequant_bf16: code x scale, rounded once to bfloat16 as torch rounds, the padding (a
+    last block of 8 inputs, a partial panel) dropped; both entry points' CPUs give the same bits."""
+    torch.manual_seed(3)
+    linear = nn.Linear(in_features, out_features, bias=False)
+    layer = BlockInt8Linear(linear, kernel)
+    want = _grid(linear.weight.detach()).float()[:, :in_features].bfloat16()
+    got = torch.full((out_features, in_features), float("nan"), dtype=torch.bfloat16)
+    kernel.dequant_bf16(
+        layer.codes.data_ptr(), layer.scales.data_ptr(), out_features, in_features, layer.padded_in, got.data_ptr(), 2
+    )
+    assert torch.equal(got.float(), want.float())  # as values: a zero code is +0 here, -0 in torch.round
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_prefill_rows_on_bfloat16_tiles_match_the_grid(kernel: block_kernel.BlockKernel, bias: bool) -> None:
+    """From tile_rows up the product runs in bfloat16 on the dequantized weight (AMX where there
+    is AMX; torch's bfloat16 matmul anywhere), in slices of output channels; below, the kernel."""
+    torch.manual_seed(4)
+    linear = nn.Linear(200, 4096 + 48, bias=bias)  # two slices, the second a partial panel
+    layer = BlockInt8Linear(linear, kernel, tile_rows=8)
+    plain = BlockInt8Linear(linear, kernel)
+    x = torch.randn(2, 5, 200)
+    tiled = layer(x)  # 10 rows: the tiles
+    assert tiled.shape == (2, 5, 4096 + 48) and tiled.dtype == torch.float32
+    weight = _grid(linear.weight.detach())[:, :200].float().bfloat16().double()
+    want = x.reshape(-1, 200).bfloat16().double() @ weight.T
+    if bias:
+        want = want + linear.bias.detach().double()
+    _assert_row_close(tiled.reshape(-1, 4096 + 48), want, tol=2e-2)  # bfloat16's product
+    few = x[0, :4]  # 4 rows: the kernel, bit for bit the layer without tiles
+    assert torch.equal(layer(few), plain(few))
+    assert "bfloat16 tiles from 8 rows" in repr(layer)

@@ -46,12 +46,13 @@ RUN if [ "$(uname -m)" = "x86_64" ]; then \
         && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*; \
     fi
 
-# ---- runtime: the venv, a non-root user, nothing else ----
+# ---- runtime: the venv, jemalloc, a non-root user, nothing else ----
+# jemalloc: the engine's process runs on it (models/runner/heap.py: a prefill's large tensors
+# reuse the last step's pages instead of faulting fresh ones).
 FROM ${BASE_IMAGE} AS runtime
-RUN if ! command -v python3 >/dev/null 2>&1; then \
-        apt-get update && apt-get install -y --no-install-recommends python3 \
-        && rm -rf /var/lib/apt/lists/*; \
-    fi \
+RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 \
+        $(command -v python3 >/dev/null 2>&1 || echo python3) \
+    && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin surge
 COPY --from=builder /opt/venv /opt/venv
 # SURGE_MODEL: `tiny` (built offline at start-up), a model directory (mount it) or a hub id

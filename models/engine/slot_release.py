@@ -16,6 +16,9 @@ sequences wrote until released, and a released slot costs page faults when it is
   memory the slots hold then stays within what the running sequences were admitted for, which
   the budget promised; it costs a few faults a request.
 
+The C heap follows the idle rule too, where the engine's process keeps freed pages for the next
+step (models/runner/heap.py): they go back with the slots once idle.
+
 Pure bookkeeping with an injectable clock; the engine calls it and owns the runner.
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from models.runner import heap
 from models.runner.protocol import Runner
 from models.scheduler.scheduler import BlockCopy, SlotMove
 from models.scheduler.sequence import Sequence as SlotSequence
@@ -49,10 +53,16 @@ class SlotRelease:
         self.idle_delay_s = idle_delay_s
         self._high = num_slots  # slots [0, _high) may hold memory; a fresh cache may have any of them
         self._last = clock()
+        # The heap's purge where this process keeps freed pages (a CPU engine's child process):
+        # the first idle (after warmup) gives back what loading and warming up freed.
+        device = getattr(getattr(runner, "device", None), "type", None)
+        self._give_back = heap.give_back if device == "cpu" and heap.is_kept() else None
+        self._heap_held = self._give_back is not None  # steps ran since the heap last gave pages back
 
     def after_moves(self, moves: Sequence[SlotMove | BlockCopy], running: Sequence[SlotSequence]) -> None:
         """A step's moves have run; `running[i]` holds slot i (the scheduler's list)."""
         num_slots = len(running)
+        self._heap_held = self._give_back is not None
         if self.at_once:
             # Each slot a sequence was moved into: the positions past its own, left by a longer one.
             moved_into = {move.dst for move in moves if isinstance(move, SlotMove) and move.dst < num_slots}
@@ -65,11 +75,14 @@ class SlotRelease:
 
     def idle_wait(self) -> float | None:
         """How long the idle engine may wait for work before `idle()` is due; None: nothing to release."""
-        return self.idle_delay_s if self._high else None
+        return self.idle_delay_s if self._high or self._heap_held else None
 
     def idle(self) -> None:
         """Nothing has run for `idle_delay_s` and no slot holds a sequence."""
         self._release(0)
+        if self._give_back is not None and self._heap_held:
+            self._give_back()
+            self._heap_held = False
 
     def _release(self, num_slots: int) -> None:
         if num_slots < self._high:

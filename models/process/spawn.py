@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from models.config import EngineConfig
+from models.runner import heap
 from models.runner.cpus import bound_onednn_caches
 
 
@@ -42,7 +43,8 @@ def spawn_engine(config: EngineConfig, init: Callable[[], None] | None = None) -
     process = ctx.Process(
         target=_main, args=(config, requests_out, messages_out, init), name="surge-engine", daemon=True
     )
-    process.start()
+    with heap.child_environment():  # glibc reads its tunables as the child starts
+        process.start()
     # The child's ends, closed here so that EOF reaches each side when the other exits.
     requests_out.close()
     messages_out.close()

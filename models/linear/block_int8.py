@@ -137,8 +137,8 @@ class BlockInt8Linear(nn.Module):
 # size of 896-4,096 is 7-32 MiB of bfloat16, so a model's wide layers (the vocabulary projection,
 # 151,936 channels) never need a copy of their whole weight.
 TILE_SLICE_CHANNELS = 4096
-# From how many rows the tile path runs, where it may (models/linear/amx.py). Measured on a 2-core
-# Sapphire Rapids VM, both cores, 896 x 4,864 and 4,864 x 896 layers, ms for VNNI's kernel against
+# From how many rows the tile path runs, where it may (models/linear/amx.py). Measured on a 2-vCPU
+# Intel Xeon VM with AMX, both cores, 896 x 4,864 and 4,864 x 896 layers, ms for VNNI's kernel against
 # the tiles with their dequantization: 128 rows 1.2-1.3 / 1.6-1.7, 192 1.7-1.9 / 1.9, 256
 # 2.3-2.5 / 2.0-2.1, 512 4.6-5.3 / 3.0-3.5, 2,048 22-28 / 12.6-19. Fewer rows (decode) read the
 # weights' int8 bytes once for little arithmetic, which is VNNI's strength.

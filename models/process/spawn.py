@@ -43,7 +43,7 @@ def spawn_engine(config: EngineConfig, init: Callable[[], None] | None = None) -
     process = ctx.Process(
         target=_main, args=(config, requests_out, messages_out, init), name="surge-engine", daemon=True
     )
-    with heap.child_environment():  # glibc reads its tunables as the child starts
+    with heap.child_environment():  # its allocator is chosen as the child starts (models/runner/heap.py)
         process.start()
     # The child's ends, closed here so that EOF reaches each side when the other exits.
     requests_out.close()

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m scripts.bench --model-size m --concurrency 32
     .venv/bin/python -m scripts.bench --smoke --out /tmp/bench.md   # seconds long, for CI
+    .venv/bin/python -m scripts.bench --shape 0.5b --systems surge,llama-server --build-llama-server --concurrency 32
     .venv/bin/python -m scripts.bench --stack off,memory,redis        # the traffic stack's cost
     .venv/bin/python -m scripts.bench --stack off,log-batch --rate 8  # the adaptive batch size against continuous
     .venv/bin/python -m scripts.bench --systems surge,naive --rate 4 --duration 20   # plus an open loop
@@ -84,6 +85,7 @@ from scripts.harness.procs import cpu_model
 from scripts.harness.redis_server import RedisServer
 from scripts.harness.servers import REPO_ROOT, ServerProcess, surge_argv
 from scripts.harness.stats import percentile
+from scripts.load_memory import SHAPES
 
 __all__ = [
     "COLUMNS",
@@ -489,6 +491,13 @@ def ensure_model(size: str, cache_dir: Path) -> Path:
     return Path(run_python(["-c", code, str(cache_dir), size], f"building the {size} model"))
 
 
+def ensure_shape(shape: str, cache_dir: Path) -> Path:
+    """A real-size shape's directory, built in a subprocess, as `ensure_model`, to keep torch out of here."""
+    code = "import sys; from pathlib import Path; from scripts.load_memory import build, shape_dir; "
+    code += "print(build(sys.argv[2], shape_dir(Path(sys.argv[1]), sys.argv[2])).resolve())"
+    return Path(run_python(["-c", code, str(cache_dir), shape], f"building the {shape} shape"))
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -524,6 +533,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-size", choices=("s", "m", "l"), default="m")
     parser.add_argument("--model-dir", type=Path, help="use this model directory instead of building a tiny one")
+    parser.add_argument(
+        "--shape", choices=sorted(SHAPES), help="a real-size Qwen2.5 shape with random weights instead, built once"
+    )
     parser.add_argument("--cache-dir", type=Path, default=REPO_ROOT / ".cache" / "bench-models")
     parser.add_argument("--concurrency", help="comma-separated, e.g. 1,8,32 (default 1,8,32,64; --workload: one)")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (and for the ceiling)")
@@ -605,7 +617,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--build-llama-server",
         action="store_true",
         help="build llama-server from the llama-cpp-python source package (once, ~13 min on 2 cores, cached"
-        " in --cache-dir/llama.cpp) and convert the model to GGUF f32 for it (scripts/benchkit/llama.py)",
+        " in --cache-dir/llama.cpp) and convert the model to the GGUF of the same weights (f32, bf16 or Q8_0 by --dtype"
+        " and --quantization; scripts/benchkit/llama.py)",
     )
     args = parser.parse_args(argv)
     if args.smoke:
@@ -683,13 +696,18 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     command = shlex.join(sys.orig_argv)
     machine = machine_info(args.device)
-    model_dir = args.model_dir.resolve() if args.model_dir else ensure_model(args.model_size, args.cache_dir)
+    if args.model_dir:
+        model_dir = args.model_dir.resolve()
+    elif args.shape:
+        model_dir = ensure_shape(args.shape, args.cache_dir)
+    else:
+        model_dir = ensure_model(args.model_size, args.cache_dir)
     if args.structured:
         return run_structured(model_dir, args, command, machine)
     if args.build_llama_server and "llama-server" in args.systems:
         llama_dir = args.cache_dir / "llama.cpp"
         args.llama_server = args.llama_server or llama.ensure_llama_server(llama_dir)
-        outtype = "q8_0" if args.quantization == "int8" else "f32"
+        outtype = llama.gguf_type(args.dtype, args.quantization)
         args.gguf = args.gguf or llama.ensure_gguf(model_dir, llama_dir, outtype)
     if args.workload:
 

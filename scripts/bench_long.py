@@ -44,7 +44,7 @@ from scripts.benchkit import llama, roofline
 from scripts.benchkit.load import WORD_POOL, StatusError, sse_events
 from scripts.benchkit.rawhttp import RawHttpClient, RawHttpError
 from scripts.harness.servers import surge_argv
-from scripts.load_memory import SHAPES, build as build_shape
+from scripts.load_memory import SHAPES, build as build_shape, shape_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("prefill", "agent", "interference")
@@ -329,18 +329,11 @@ def render(
     return "\n".join(lines) + "\n"
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, the systems and how each one runs: shared with scripts/cached_turn.py."""
     parser.add_argument("--model-size", choices=("s", "m", "l"), default="m")
     parser.add_argument("--shape", choices=sorted(SHAPES), help="a Qwen2.5 shape with random weights instead")
     parser.add_argument("--model-dir", type=Path)
-    parser.add_argument("--lengths", default="2048,8192,16384")
-    parser.add_argument("--streams", default="1,8")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--agent-prefix", type=int, default=16384)
-    parser.add_argument("--agent-tail", type=int, default=2048)
-    parser.add_argument("--interference-length", type=int, default=8192)
-    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--systems", default="surge,llama-server")
     parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"))
     parser.add_argument("--quantization", default="none", choices=("none", "int8"))
@@ -350,6 +343,46 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--gguf", type=Path)
     parser.add_argument("--llama-threads", type=int, default=0)
     parser.add_argument("--cache-dir", type=Path, default=REPO_ROOT / ".cache" / "bench-models")
+
+
+def prepare(args: argparse.Namespace) -> Path:
+    """The model directory (built when it is a tiny size or a shape), and llama-server's binary and
+    GGUF where `--build-llama-server` asks for them; without either, the systems lose llama-server."""
+    from models.runner.cpus import available_cpus
+
+    args.llama_threads = args.llama_threads or available_cpus()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.model_dir:
+        model_dir: Path = args.model_dir.resolve()
+    elif args.shape:
+        model_dir = build_shape(args.shape, shape_dir(args.cache_dir, args.shape))
+    else:
+        model_dir = bench.ensure_model(args.model_size, args.cache_dir)
+    if "llama-server" in args.systems:
+        if args.build_llama_server:
+            llama_dir = args.cache_dir / "llama.cpp"
+            args.llama_server = args.llama_server or llama.ensure_llama_server(llama_dir)
+            outtype = llama.gguf_type(args.dtype, args.quantization)
+            args.gguf = args.gguf or llama.ensure_gguf(model_dir, llama_dir, outtype)
+        elif args.llama_server is None or args.gguf is None:
+            print(
+                "llama-server: needs --build-llama-server, or --llama-server and --gguf; running surge alone",
+                file=sys.stderr,
+            )
+            args.systems = [s for s in args.systems if s != "llama-server"]
+    return model_dir
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_arguments(parser)
+    parser.add_argument("--lengths", default="2048,8192,16384")
+    parser.add_argument("--streams", default="1,8")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--agent-prefix", type=int, default=16384)
+    parser.add_argument("--agent-tail", type=int, default=2048)
+    parser.add_argument("--interference-length", type=int, default=8192)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench-results" / "long-prompts.md")
     args = parser.parse_args(argv)
     args.lengths = [int(v) for v in args.lengths.split(",")]
@@ -363,29 +396,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    model_dir = prepare(args)
     from models.runner.cpus import available_cpus
 
-    args.llama_threads = args.llama_threads or available_cpus()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    if args.model_dir:
-        model_dir = args.model_dir.resolve()
-    elif args.shape:
-        model_dir = build_shape(args.shape, args.cache_dir / f"qwen2.5-{args.shape}-random")
-    else:
-        model_dir = bench.ensure_model(args.model_size, args.cache_dir)
-    if "llama-server" in args.systems:
-        if args.build_llama_server:
-            llama_dir = args.cache_dir / "llama.cpp"
-            args.llama_server = args.llama_server or llama.ensure_llama_server(llama_dir)
-            args.gguf = args.gguf or llama.ensure_gguf(
-                model_dir, llama_dir, "q8_0" if args.quantization == "int8" else "f32"
-            )
-        elif args.llama_server is None or args.gguf is None:
-            print(
-                "llama-server: needs --build-llama-server, or --llama-server and --gguf; running surge alone",
-                file=sys.stderr,
-            )
-            args.systems = [s for s in args.systems if s != "llama-server"]
     peaks = roofline.measure_peaks(available_cpus())
     rows = run(args, model_dir)
     report = render(rows, args, model_dir, peaks, shlex.join(sys.orig_argv))

@@ -30,6 +30,8 @@ SHAPES = {
 }
 CONFIGURATIONS = [("bfloat16", "none"), ("float32", "none"), ("bfloat16", "int8")]
 CACHE = Path.home() / ".cache" / "surge" / "load-memory"
+# 2: the rows the tokenizer can't decode to whole characters are muted (tiny.mute_partial_characters).
+SHAPE_VERSION = 2
 
 MEASURE = r"""
 import json, resource, sys, threading, time
@@ -66,6 +68,11 @@ print(json.dumps({
 """
 
 
+def shape_dir(root: Path, shape: str) -> Path:
+    """Where `build` keeps `shape` under `root`; the version renames it when the weights change."""
+    return root / f"qwen2.5-{shape}-random-v{SHAPE_VERSION}"
+
+
 def build(shape: str, out: Path) -> Path:
     if (out / "model.safetensors").exists() or (out / "model.safetensors.index.json").exists():
         return out
@@ -87,8 +94,11 @@ def build(shape: str, out: Path) -> Path:
         rope_theta=1e6,
     )
     torch.manual_seed(0)
-    Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny.ensure_tokenizer()).save_pretrained(out)
+    model = Qwen2ForCausalLM(config)
+    tokenizer = AutoTokenizer.from_pretrained(tiny.ensure_tokenizer())
+    tiny.mute_partial_characters(model, tokenizer)
+    model.to(torch.bfloat16).save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out
 
 
@@ -115,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="a model directory (default: a random one of --shape)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
     args = parser.parse_args(argv)
-    model = args.model or build(args.shape, CACHE / f"qwen2.5-{args.shape}-random")
+    model = args.model or build(args.shape, shape_dir(CACHE, args.shape))
     on_disk = weights_bytes(model)
     mib = 2**20
     print(f"{model}: {on_disk / mib:,.0f} MiB of safetensors\n")

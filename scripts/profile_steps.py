@@ -27,7 +27,7 @@ from models.engine.core import EngineCore
 from models.loading.loader import load_model
 from models.loading.tiny import ensure_tiny
 from models.sampling.params import SamplingParams
-from scripts.load_memory import SHAPES, build as build_shape
+from scripts.load_memory import SHAPES, build as build_shape, shape_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Op-name fragments per kind, first match wins (names as torch's profiler reports them).
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     if args.model_dir:
         model_dir = args.model_dir
     elif args.shape:
-        model_dir = build_shape(args.shape, REPO_ROOT / ".cache" / "bench-models" / f"qwen2.5-{args.shape}-random")
+        model_dir = build_shape(args.shape, shape_dir(REPO_ROOT / ".cache" / "bench-models", args.shape))
     else:
         model_dir = ensure_tiny(size=args.model_size)
     loaded = load_model(

@@ -32,10 +32,11 @@ MIN_SPEEDUP = 1.15  # bf16 over float32, geometric mean of decode and prefill, t
 MAX_ERROR = 0.02  # relative error of the probe's bf16 product against float32's (bf16 keeps 8 bits)
 PROBE_TIMEOUT_S = 120.0
 DECODE_ROWS, PREFILL_ROWS = 32, 512
+PROBE_VERSION = 2  # 2: bfloat16 timed packed too; a cached verdict of an older probe is measured again
 
 # argv: hidden, intermediate, prefill threads, decode rows, prefill rows. Prints {"decode": {...},
-# "prefill": {...}}: float32's best of F.linear and oneDNN's packed linear (what the server would
-# run) against bf16's F.linear.
+# "prefill": {...}}: each dtype's best of F.linear and oneDNN's packed linear (what the loader
+# would run: models/linear/packed.py packs both where it pays).
 _PROBE = r"""
 import json, sys, time
 import torch
@@ -45,7 +46,9 @@ hidden, inter, threads, DECODE_ROWS, PREFILL_ROWS = map(int, sys.argv[1:6])
 torch.manual_seed(0)
 linear = torch.nn.Linear(hidden, inter, bias=False)
 w = linear.weight.detach()
-wb = w.bfloat16()
+linear_bf16 = torch.nn.Linear(hidden, inter, bias=False, dtype=torch.bfloat16)
+linear_bf16.weight.data.copy_(w)
+wb = linear_bf16.weight.detach()
 def best(run, rows):
     calls = max(1, int(4e7 // (2 * rows * w.numel())))
     times = []
@@ -63,9 +66,9 @@ with torch.inference_mode():
         xb = x.bfloat16()
         want = F.linear(x, w)
         err = float((F.linear(xb, wb).float() - want).norm() / want.norm())
-        packed = PackedLinear(linear, rows)
+        packed, packed_bf16 = PackedLinear(linear, rows), PackedLinear(linear_bf16, rows)
         f32 = min(best(lambda: F.linear(x, w), rows), best(lambda: packed(x), rows))
-        bf16 = best(lambda: F.linear(xb, wb), rows)
+        bf16 = min(best(lambda: F.linear(xb, wb), rows), best(lambda: packed_bf16(xb), rows))
         result[phase] = {"rows": rows, "threads": n, "float32_s": f32, "bfloat16_s": bf16, "error": err}
 print(json.dumps(result))
 """
@@ -93,7 +96,8 @@ def choose_cpu_dtype(features: CpuFeatures, hidden: int, intermediate: int) -> D
     import torch  # the version is part of the cache key; the engine process has it loaded already
 
     threads = available_cpus()
-    key = "|".join([features.model_name, *sorted(features.flags), torch.__version__, str(hidden), str(intermediate)])
+    parts = [features.model_name, *sorted(features.flags), torch.__version__, str(hidden), str(intermediate)]
+    key = "|".join([f"v{PROBE_VERSION}", *parts])
     cached = probe_cache_dir() / f"dtype-{hashlib.sha256(f'{key}|{threads}'.encode()).hexdigest()[:16]}.json"
     try:
         measured = json.loads(cached.read_text())

@@ -250,7 +250,7 @@ def build_tiny(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(WEIGHT_SEED)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _mute_partial_characters(model, tokenizer)
+    mute_partial_characters(model, tokenizer)
     model.generation_config = GenerationConfig(
         bos_token_id=None,
         eos_token_id=config.eos_token_id,
@@ -261,19 +261,25 @@ def build_tiny(
     return out_dir
 
 
-def _mute_partial_characters(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
-    """Zero the output rows of tokens that are only part of a UTF-8 character (658 of 8192).
+def mute_partial_characters(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
+    """Zero the output rows of tokens that are only part of a UTF-8 character (658 of 8192), and
+    of ids past the tokenizer's vocabulary (a real-size shape over this tokenizer has ~144k).
 
     NOTE: random weights pick them about as often as any other token, and a sequence of them
-    rarely forms a valid character: the text stays an incomplete character for dozens of tokens,
-    and a server (surge and `transformers serve` alike) streams no text until it resolves, which
-    made time-to-first-text and inter-token figures in benchmarks seconds long for reasons that
-    have nothing to do with serving. A zero row scores 0 against logits spread around 0, so
-    greedy decoding never picks one; sampling still can, as with a real model.
+    rarely forms a valid character (an unknown id decodes to nothing at all): the text stays
+    empty or an incomplete character for dozens of tokens, and a server (surge, llama-server
+    and `transformers serve` alike) streams no text until it resolves, which made
+    time-to-first-text and inter-token figures in benchmarks seconds long for reasons that have
+    nothing to do with serving. A zero row scores 0 against logits spread around 0, so greedy
+    decoding never picks one; sampling still can, as with a real model. With tied embeddings
+    the muted ids' input vectors are zero too; prompts of whole characters never use them.
     """
-    partial = [i for i in range(VOCAB_SIZE) if "\ufffd" in tokenizer.decode([i])]
+    rows = model.get_output_embeddings().weight
+    known = len(tokenizer)
+    partial = [i for i in range(known) if "\ufffd" in tokenizer.decode([i])]
     with torch.no_grad():
-        model.get_output_embeddings().weight[partial] = 0.0
+        rows[partial] = 0.0
+        rows[known:] = 0.0
 
 
 def default_cache_dir() -> Path:

@@ -81,8 +81,16 @@ def ensure_llama_tool(cache_dir: Path, target: str) -> Path:
     return binary
 
 
+def gguf_type(dtype: str, quantization: str) -> str:
+    """The GGUF type that serves the same weights as surge's `--dtype`/`--quantization`: Q8_0 for
+    int8 (the same 8-bit grid), bf16 for bfloat16, else f32."""
+    if quantization == "int8":
+        return "q8_0"
+    return "bf16" if dtype == "bfloat16" else "f32"
+
+
 def ensure_gguf(model_dir: Path, cache_dir: Path, outtype: str = "f32") -> Path:
-    """`model_dir` converted to GGUF (`f32`, or `q8_0` for 8-bit weights), once per model."""
+    """`model_dir` converted to GGUF (`f32`, `bf16`, or `q8_0` for 8-bit weights), once per model."""
     out = cache_dir / f"{model_dir.name}-{outtype}.gguf"
     if out.exists():
         return out

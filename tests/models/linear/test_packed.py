@@ -112,3 +112,16 @@ def test_every_row_count_maps_to_a_few_kernels_that_stay_cached() -> None:
     built = [line for line in first.splitlines() if "create:cache_miss" in line]
     assert 0 < len({line.split(",")[-2] for line in built}) <= 25, "\n".join(built)  # the problem's shape
     assert "cache_miss" not in second
+
+
+def test_a_bfloat16_model_is_packed_and_keeps_its_logits(tiny_model_dir: Path) -> None:
+    """bfloat16 layers are packed too (their own probe), and compute what they did to bf16 rounding."""
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
+    packed = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
+    linears = sum(type(m) is nn.Linear for m in packed.modules())
+    assert pack_linears(packed, rows_hint=8, min_speedup=0.0) == linears > 0
+    assert all(m.packed.dtype == torch.bfloat16 for m in packed.modules() if isinstance(m, PackedLinear))
+    prompt = torch.randint(3, 200, (4, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        got, expected = packed(prompt).logits.float(), original(prompt).logits.float()
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()

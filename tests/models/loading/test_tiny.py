@@ -351,3 +351,22 @@ def test_cached_tokenizer_is_the_trained_one_and_is_built_once(tmp_path: Path) -
     stamp = (path / "tokenizer.json").stat().st_mtime_ns
     assert tiny.ensure_tokenizer(tmp_path) == path
     assert (path / "tokenizer.json").stat().st_mtime_ns == stamp
+
+
+def test_muting_a_wider_vocabulary_zeroes_the_ids_the_tokenizer_cannot_decode() -> None:
+    """A real-size shape over this tokenizer (Qwen's 151,936 rows against 8,192 ids, as the
+    benchmarks build) would pick ids the tokenizer does not know, which decode to nothing; they are
+    muted with the partial characters, and the rows the tokenizer decodes whole are kept."""
+    config = tiny.build_config("s")
+    config.vocab_size = tiny.VOCAB_SIZE + 512
+    config.tie_word_embeddings = False
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)
+    tokenizer = AutoTokenizer.from_pretrained(tiny.ensure_tokenizer())
+    tiny.mute_partial_characters(model, tokenizer)
+    rows = model.get_output_embeddings().weight
+    assert len(tokenizer) == tiny.VOCAB_SIZE
+    assert not rows[tiny.VOCAB_SIZE :].any()
+    whole = [i for i in range(tiny.VOCAB_SIZE) if "\ufffd" not in tokenizer.decode([i])]
+    assert len(whole) > tiny.VOCAB_SIZE // 2 and bool(rows[whole].abs().sum(dim=1).gt(0).all())

@@ -31,6 +31,10 @@ class SchedulerConfig:
     # decodes (an idle engine): their first tokens come first. 0 = no such cap. (vLLM's
     # `long_prefill_token_threshold` caps long prompts always, decoding or not.)
     max_prompt_chunk_while_decoding: int = 512
+    # ... and a prompt longer than that gets chunks of what fits in this many seconds on top of a
+    # decode step, as measured on the steps run so far (models/scheduler/chunk_pacer.py): 512
+    # tokens are milliseconds on a GPU and seconds on two CPU cores. 0 = the token cap alone.
+    max_prompt_chunk_seconds_while_decoding: float = 0.5
     # Automatic prefix caching (models/kv/prefix_cache.py): a prompt starts from the K/V of its
     # longest prefix seen before, in whole blocks of this many tokens. 16 is vLLM's block size:
     # a multi-turn history re-rendered differently from its reply still reuses all but the
@@ -79,6 +83,8 @@ class SchedulerConfig:
             raise ValueError("max_queue_seconds must be 0 (no limit) or positive")
         if self.max_prompt_chunk_while_decoding < 0:
             raise ValueError("max_prompt_chunk_while_decoding must be 0 (no cap) or positive")
+        if self.max_prompt_chunk_seconds_while_decoding < 0:
+            raise ValueError("max_prompt_chunk_seconds_while_decoding must be 0 (no pacing) or positive")
         if self.prefix_cache_block_size < 1:
             raise ValueError("prefix_cache_block_size must be at least 1")
         if self.prefix_cache_bytes < 0 or self.prefix_cache_share < 0:

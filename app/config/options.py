@@ -76,6 +76,13 @@ OPTIONS: tuple[Option, ...] = (
         "while sequences decode, one prompt's tokens per step at most: a long prompt is prefilled in pieces"
         " and running streams keep moving; short prompts and an idle engine are not held back; 0 = no cap",
     ),
+    Option(
+        "max_prompt_chunk_seconds_while_decoding",
+        float,
+        "while sequences decode, a prompt longer than --max-prompt-chunk-while-decoding gets per step the"
+        " tokens that fit in this many seconds, as measured on the steps so far (a slow CPU's chunks shrink,"
+        " a GPU's stay at the token cap); 0 = the token cap alone",
+    ),
     Option("max_model_len", int, "prompt + completion tokens per sequence; 0 = the model's own limit"),
     Option(
         "prefix_caching",

@@ -38,6 +38,7 @@ class Settings:
     max_num_seqs: int = _SCHEDULER.max_num_seqs
     max_num_batched_tokens: int = _SCHEDULER.max_num_batched_tokens
     max_prompt_chunk_while_decoding: int = _SCHEDULER.max_prompt_chunk_while_decoding
+    max_prompt_chunk_seconds_while_decoding: float = _SCHEDULER.max_prompt_chunk_seconds_while_decoding
     max_model_len: int = _SCHEDULER.max_model_len
     prefix_caching: str = "on" if _SCHEDULER.prefix_caching else "off"
     preemption: str = "on" if _SCHEDULER.preemption else "off"
@@ -251,6 +252,7 @@ class Settings:
                 self.max_model_len,
                 self.max_queue_seconds,
                 max_prompt_chunk_while_decoding=self.max_prompt_chunk_while_decoding,
+                max_prompt_chunk_seconds_while_decoding=self.max_prompt_chunk_seconds_while_decoding,
                 prefix_caching=self.prefix_caching == "on",
                 preemption=self.preemption == "on",
                 heavy_sequence_tokens=self.heavy_sequence_tokens,

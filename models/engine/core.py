@@ -40,17 +40,15 @@ from models.runner.model_runner import ModelRunner
 from models.runner.protocol import Runner
 from models.sampling.params import SamplingParams
 from models.sampling.sampler import Sampler
+from models.scheduler.output import SchedulerOutput
 from models.scheduler.queue_deadline import QueueDeadline
-from models.scheduler.scheduler import Scheduler, SchedulerOutput, warmup_sequences
+from models.scheduler.scheduler import Scheduler
 from models.scheduler.sequence import FinishReason, Sequence
+from models.scheduler.warmup import warmup_sequences
 
 log = logging.getLogger("surge.engine")
 
 Publish = Callable[[list[RequestOutput]], None]
-
-
-def _nothing(*_: object) -> None:  # no iteration hook; no publishing (warmup)
-    return None
 
 
 class EngineCore:
@@ -61,7 +59,7 @@ class EngineCore:
         publish: Publish,
         clock: Callable[[], float] = time.monotonic,
         observer: EngineObserver = NULL_OBSERVER,
-        on_iteration: Callable[[], None] = _nothing,
+        on_iteration: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -223,10 +221,10 @@ class EngineCore:
             # NOTE: the exception stays in the log: its text (paths, tensor shapes, device details)
             # is not for clients, who get this sentence in a 500 or an error event.
             return self._fail(plan.sequences, MODEL_FAILED)
-        reasons = self.scheduler.update_from_output(plan, token_ids)
+        seconds = time.perf_counter() - started  # the scheduler paces long prompts' chunks by it
+        reasons = self.scheduler.update_from_output(plan, token_ids, seconds)
         self.num_steps += 1
-        num_seqs, seconds = len(plan.decodes) + len(plan.prefills), time.perf_counter() - started
-        self.observer.on_step(num_seqs, plan.num_prompt_tokens, len(token_ids), seconds)
+        self.observer.on_step(len(plan.decodes) + len(plan.prefills), plan.num_prompt_tokens, len(token_ids), seconds)
         return self._postprocess(plan.sampled, token_ids, reasons, logprobs)
 
     def _execute(self, plan: SchedulerOutput) -> tuple[list[int], list[TokenLogprob | None]]:
@@ -387,7 +385,7 @@ class EngineCore:
         log.info("warming up: %d sequences, prompt %d tokens", len(seqs), seqs[0].num_prompt_tokens)
         self.grammars.prepare()
         observer, publish = self.observer, self._publish
-        self.observer, self._publish = NULL_OBSERVER, _nothing
+        self.observer, self._publish = NULL_OBSERVER, lambda _: None
         for seq in seqs:
             self._requests[seq.request_id] = EngineRequest.build(seq, self.tokenizer, self.runner.device)
             self.scheduler.add(seq)

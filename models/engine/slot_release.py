@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 from models.runner import heap
 from models.runner.protocol import Runner
-from models.scheduler.scheduler import BlockCopy, SlotMove
+from models.scheduler.output import BlockCopy, SlotMove
 from models.scheduler.sequence import Sequence as SlotSequence
 
 BUSY_INTERVAL_S = 10.0

@@ -14,7 +14,7 @@ import torch
 from models.runner.protocol import Runner
 from models.runner.threads import StepThreads, choose_decode_threads, decode_candidates
 from models.sampling.params import SamplingParams
-from models.scheduler.scheduler import PrefillChunk
+from models.scheduler.output import PrefillChunk
 from models.scheduler.sequence import Sequence
 
 log = logging.getLogger("surge.engine")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Sequence as Seq
 
 import torch
 
-from models.scheduler.scheduler import BlockCopy, PrefillChunk, SlotMove
+from models.scheduler.output import BlockCopy, PrefillChunk, SlotMove
 from models.scheduler.sequence import Sequence
 
 ECHO_MODEL = "echo"

@@ -28,7 +28,7 @@ from models.kv.pool import KVPool
 from models.runner.attention import ACTIVE, PACKED_ATTENTION, packed_attention, supports_packed
 from models.runner.fused_decoder import FusedDecoder, is_fused
 from models.sampling.params import SamplingParams
-from models.scheduler.scheduler import BlockCopy, PrefillChunk, SlotMove
+from models.scheduler.output import BlockCopy, PrefillChunk, SlotMove
 from models.scheduler.sequence import Sequence
 
 log = logging.getLogger("surge.engine")

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from models.scheduler.scheduler import BlockCopy, PrefillChunk, SlotMove
+from models.scheduler.output import BlockCopy, PrefillChunk, SlotMove
 from models.scheduler.sequence import Sequence
 
 

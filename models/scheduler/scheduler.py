@@ -17,73 +17,16 @@ new sequence's slot when it is admitted, out of a slot when its prompt is comput
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
 
 from models.config import SchedulerConfig
 from models.kv.prefix_cache import PrefixCache
-from models.sampling.params import SamplingParams
 from models.scheduler.batch_policy import batch_limit
+from models.scheduler.chunk_pacer import ChunkPacer
 from models.scheduler.fair_shares import FairShares
 from models.scheduler.lanes import WaitingLanes
+from models.scheduler.output import BlockCopy, PrefillChunk, SchedulerOutput, SlotMove
 from models.scheduler.preemption import victim_for
 from models.scheduler.sequence import WARM_SCOPE, FinishReason, Sequence, SequenceStatus
-
-
-@dataclass(frozen=True, slots=True)
-class SlotMove:
-    src: int
-    dst: int
-    num_tokens: int  # cache positions [0, num_tokens) hold data worth copying
-
-
-@dataclass(frozen=True, slots=True)
-class BlockCopy:
-    """Prefix-cache blocks between a slot and the pool: the slot's blocks first_block, first_block
-    + 1, ... (block_size tokens each) and the pool rows that hold (or will hold) them. In
-    `moves` it is a save (slot to pool), in `loads` a load (pool to slot)."""
-
-    slot: int
-    first_block: int
-    rows: list[int]
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillChunk:
-    seq: Sequence
-    start: int  # first prompt position of this chunk
-    num_tokens: int
-
-    @property
-    def completes_prompt(self) -> bool:
-        return self.start + self.num_tokens == self.seq.num_prefill_tokens
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    # Applied before the forward pass: first `moves`, in the order they arose since the last
-    # step (a slot move fills a left sequence's hole; a BlockCopy keeps a slot's blocks in the
-    # prefix cache, before any later move overwrites that slot), then `loads`, the cached
-    # prefixes of the sequences admitted this step, into their new slots.
-    moves: list[SlotMove | BlockCopy] = field(default_factory=list)
-    loads: list[BlockCopy] = field(default_factory=list)
-    prefills: list[PrefillChunk] = field(default_factory=list)
-    decodes: list[Sequence] = field(default_factory=list)
-    num_slots: int = 0  # slots in use, prefilling ones included
-    # The sequences that get a token this step, in the order the runner returns their logits: the
-    # chunks that complete their prompt, then the decodes.
-    sampled: list[Sequence] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.prefills and not self.decodes
-
-    @property
-    def sequences(self) -> list[Sequence]:
-        return [chunk.seq for chunk in self.prefills] + self.decodes
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return sum(chunk.num_tokens for chunk in self.prefills)
 
 
 class Scheduler:
@@ -108,6 +51,8 @@ class Scheduler:
         # (config.max_kv_tokens bounds it where the budget counts tokens).
         self.num_reserved_tokens = 0
         self.num_preempted = 0  # running sequences sent back to the queue for a better tier's
+        token_cap = config.max_prompt_chunk_while_decoding
+        self.pacer = ChunkPacer(config.max_prompt_chunk_seconds_while_decoding, token_cap)
         # Set by the engine once it knows the model's K/V size (after warmup); None: no caching.
         self.prefix_cache: PrefixCache | None = None
 
@@ -154,7 +99,8 @@ class Scheduler:
         policy's limit) and, where the K/V budget counts tokens, while the next one's whole length
         fits (the first that does not fit waits, and those behind it with it). A prompt larger
         than the budget is split across steps, and while there are decode rows no prompt takes
-        more than max_prompt_chunk_while_decoding tokens of a step.
+        more than max_prompt_chunk_while_decoding tokens of a step, nor a longer prompt more than
+        the pacer gives it (models/scheduler/chunk_pacer.py).
         """
         if (self.config.preemption or self.config.heavy_sequence_tokens) and self._waiting_ids and self.running:
             self._preempt_for_waiting()  # before the moves are taken: a preemption adds its own
@@ -162,7 +108,7 @@ class Scheduler:
         self._pending_moves = []
         out.decodes = [seq for seq in self.running if not seq.is_prefilling]
         budget = self.config.max_num_batched_tokens - len(out.decodes)
-        chunk_cap = self.config.max_prompt_chunk_while_decoding if out.decodes else 0
+        chunk_cap = self.pacer.cap() if out.decodes else 0
         for seq in self.running:
             if budget <= 0:
                 break
@@ -186,11 +132,15 @@ class Scheduler:
         out.sampled = [chunk.seq for chunk in out.prefills if chunk.completes_prompt] + out.decodes
         return out
 
-    def update_from_output(self, out: SchedulerOutput, token_ids: list[int]) -> list[FinishReason | None]:
-        """The step's forward pass ran and `token_ids` were sampled, one per `out.sampled` sequence:
-        count its tokens as computed, append each sampled token, and finish the sequences that stop
-        on theirs (their slots are free by the next step). Returns, per sampled sequence, why it
-        stopped (None: it goes on)."""
+    def update_from_output(
+        self, out: SchedulerOutput, token_ids: list[int], seconds: float | None = None
+    ) -> list[FinishReason | None]:
+        """The step's forward pass ran in `seconds` (None: not measured) and `token_ids` were
+        sampled, one per `out.sampled` sequence: count its tokens as computed, append each sampled
+        token, and finish the sequences that stop on theirs (their slots are free by the next
+        step). Returns, per sampled sequence, why it stopped (None: it goes on)."""
+        if seconds is not None:
+            self.pacer.observe(len(out.decodes), out.num_prompt_tokens, seconds)
         for chunk in out.prefills:
             chunk.seq.num_computed_tokens += chunk.num_tokens
             if chunk.completes_prompt:
@@ -248,10 +198,12 @@ class Scheduler:
             self.finish(seq, FinishReason.ABORT)
         return seq
 
-    def _plan_chunk(self, out: SchedulerOutput, seq: Sequence, budget: int, cap: int) -> int:
-        """Plan the next chunk of seq's prompt, at most `cap` tokens (0: no cap); return the budget
+    def _plan_chunk(self, out: SchedulerOutput, seq: Sequence, budget: int, paced: int) -> int:
+        """Plan the next chunk of seq's prompt, at most `paced` tokens (0: no cap) if the prompt is
+        longer than max_prompt_chunk_while_decoding (prompts within it go whole); return the budget
         left for other prompts this step. None when the chunk leaves its prompt part-way: one
         prompt at a time is, and the prompts behind it wait rather than share its steps."""
+        cap = paced if seq.num_prefill_tokens > self.config.max_prompt_chunk_while_decoding else 0
         num_tokens = min(seq.num_prefill_tokens - seq.num_computed_tokens, budget, cap or budget)
         chunk = PrefillChunk(seq, seq.num_computed_tokens, num_tokens)
         out.prefills.append(chunk)
@@ -384,17 +336,3 @@ class Scheduler:
             # and a decoding one's are all computed, so num_computed_tokens bounds the copy.
             self._pending_moves.append(SlotMove(src=len(self.running), dst=hole, num_tokens=last.num_computed_tokens))
         seq.slot = -1
-
-
-def warmup_sequences(config: SchedulerConfig) -> list[Sequence]:
-    """Warmup's batch (models/engine/core.py): every slot, a short prompt, two tokens each, greedy and
-    sampled rows alike, so the step runs the shapes serving will use before /ready."""
-    prompt_len = max(1, min(16, config.max_model_len - 3))
-    return [
-        Sequence(
-            f"warmup-{i}",
-            [0] * prompt_len,
-            SamplingParams(max_tokens=2, temperature=0.0 if i % 2 else 1.0, ignore_eos=True),
-        )
-        for i in range(config.max_num_seqs)
-    ]

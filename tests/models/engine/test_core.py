@@ -350,3 +350,39 @@ async def test_observer_sees_steps_tokens_and_finishes_but_not_warmup(tiny_model
     assert len(observer.gaps) == 4 + 2 and all(gap > 0 for gap in observer.gaps)
     assert observer.finishes == [FinishReason.LENGTH, FinishReason.LENGTH]
     assert max(observer.num_seqs) == 2
+
+
+class ChunkSizes(RecordingObserver):
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[tuple[int, int]] = []  # (sequences, prompt tokens) per step
+
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int, seconds: float) -> None:
+        super().on_step(num_seqs, num_prompt_tokens, num_generated_tokens, seconds)
+        self.steps.append((num_seqs, num_prompt_tokens))
+
+
+@pytest.mark.parametrize(("target_seconds", "chunks"), [(0.0, [128, 128, 128, 16]), (1e-9, [64] * 6 + [16])])
+async def test_the_engine_paces_a_long_prompt_by_its_measured_step_times(
+    tiny_model_dir: Path, target_seconds: float, chunks: list[int]
+) -> None:
+    """The engine hands the scheduler each step's seconds: with a target no step can meet, a long
+    prompt beside a decoding stream goes in the pacer's smallest chunks; with none, in the token cap's."""
+    observer = ChunkSizes()
+    scheduler = SchedulerConfig(
+        max_num_seqs=2,
+        max_model_len=1024,
+        max_prompt_chunk_while_decoding=128,
+        max_prompt_chunk_seconds_while_decoding=target_seconds,
+    )
+    model = ModelConfig(str(tiny_model_dir), device="cpu", dtype="float32")
+    config = EngineConfig(model, scheduler, separate_process=False)
+    engine = await AsyncEngine.start(config, observer=observer)
+    try:
+        blocker = engine.submit([(prompt(4, 90), greedy(600))])
+        await wait_until(lambda: observer.num_generated_tokens > 1)
+        await run(engine.submit([(prompt(400, 91), greedy(1))]))
+        await run(blocker)
+    finally:
+        engine.stop()
+    assert [tokens for num_seqs, tokens in observer.steps if num_seqs == 2] == chunks

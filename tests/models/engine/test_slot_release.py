@@ -11,7 +11,7 @@ from pathlib import Path
 from models.engine.slot_release import SlotRelease
 from models.process.async_engine import AsyncEngine
 from models.sampling.params import SamplingParams
-from models.scheduler.scheduler import SlotMove
+from models.scheduler.output import SlotMove
 from models.scheduler.sequence import Sequence
 from tests.models.engine.test_core import run, tokens as ids, wait_until
 from tests.models.engine.test_prefix import greedy, start, submit_round

@@ -15,7 +15,7 @@ from models.loading.tiny import build_tiny
 from models.runner import attention
 from models.runner.model_runner import ModelRunner
 from models.sampling.params import SamplingParams
-from models.scheduler.scheduler import PrefillChunk
+from models.scheduler.output import PrefillChunk
 from models.scheduler.sequence import Sequence
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from models.config import SchedulerConfig
 from models.sampling.params import SamplingParams
+from models.scheduler.output import SchedulerOutput
 from models.scheduler.queue_deadline import QueueDeadline
-from models.scheduler.scheduler import Scheduler, SchedulerOutput
+from models.scheduler.scheduler import Scheduler
 from models.scheduler.sequence import Sequence, SequenceStatus
 
 

@@ -16,7 +16,8 @@ import pytest
 
 from models.config import SchedulerConfig
 from models.sampling.params import SamplingParams
-from models.scheduler.scheduler import PrefillChunk, Scheduler, SchedulerOutput, SlotMove
+from models.scheduler.output import PrefillChunk, SchedulerOutput, SlotMove
+from models.scheduler.scheduler import Scheduler
 from models.scheduler.sequence import FinishReason, Sequence, SequenceStatus
 
 EOS = 2
@@ -572,6 +573,33 @@ def test_the_decoding_cap_is_per_prompt_not_per_step() -> None:
         scheduler.add(seq)
     out = scheduler.schedule()
     assert out.decodes == decoding and [(c.seq, c.num_tokens) for c in out.prefills] == [(s, 8) for s in burst]
+
+
+def test_on_a_slow_machine_a_long_prompt_gets_the_paced_chunk_and_a_short_one_goes_whole() -> None:
+    """Steps have shown a prompt token costs 10 ms: beside decoding streams a prompt longer than
+    the token cap gets 0.5 s worth a step (the pacer's 64-token floor here), while a prompt within
+    the cap still goes whole, as a burst of chat prompts does."""
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=1024)
+    scheduler = Scheduler(config, eos_token_ids=[EOS])
+    decoding = _running_batch(scheduler, 2)
+    out = scheduler.schedule()
+    scheduler.update_from_output(out, [TOKEN] * len(out.sampled), seconds=0.1)  # a decode step
+    scheduler.pacer.observe(num_decodes=2, num_prompt_tokens=200, seconds=0.1 + 200 * 0.01)
+    assert scheduler.pacer.cap() == 64
+    short, long = _seq("short", num_prompt_tokens=300), _seq("long", num_prompt_tokens=700)
+    scheduler.add(short)
+    scheduler.add(long)
+    out = scheduler.schedule()
+    assert out.decodes == decoding
+    assert [(c.seq, c.num_tokens) for c in out.prefills] == [(short, 300), (long, 64)]
+    scheduler.update_from_output(out, [TOKEN] * len(out.sampled), seconds=0.1 + 364 * 0.01)
+    out = scheduler.schedule()
+    assert [(c.seq, c.start, c.num_tokens) for c in out.prefills] == [(long, 64, 64)]
+    # Nothing decoding: no pacing, the budget's whole share.
+    idle = Scheduler(config, eos_token_ids=[EOS])
+    idle.pacer.observe(num_decodes=0, num_prompt_tokens=200, seconds=2.0)
+    idle.add(_seq("alone", num_prompt_tokens=700))
+    assert [c.num_tokens for c in idle.schedule().prefills] == [512]
 
 
 def test_a_decoding_cap_of_zero_leaves_the_whole_budget_to_prompts() -> None:

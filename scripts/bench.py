@@ -614,6 +614,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="llama-server's -t and -tb outside --workload (0 = every available CPU: its best on 2 cores)",
     )
     parser.add_argument(
+        "--llama-build",
+        choices=sorted(llama.BUILDS),
+        default="native",
+        help="which llama.cpp build --build-llama-server makes and runs: -march=native, or AVX-512 without AMX",
+    )
+    parser.add_argument(
         "--build-llama-server",
         action="store_true",
         help="build llama-server from the llama-cpp-python source package (once, ~13 min on 2 cores, cached"
@@ -706,7 +712,7 @@ def main(argv: list[str]) -> int:
         return run_structured(model_dir, args, command, machine)
     if args.build_llama_server and "llama-server" in args.systems:
         llama_dir = args.cache_dir / "llama.cpp"
-        args.llama_server = args.llama_server or llama.ensure_llama_server(llama_dir)
+        args.llama_server = args.llama_server or llama.ensure_llama_server(llama_dir, args.llama_build)
         outtype = llama.gguf_type(args.dtype, args.quantization)
         args.gguf = args.gguf or llama.ensure_gguf(model_dir, llama_dir, outtype)
     if args.workload:

@@ -339,6 +339,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", default="none", choices=("none", "int8"))
     parser.add_argument("--surge-arg", action="append", default=[])
     parser.add_argument("--build-llama-server", action="store_true")
+    parser.add_argument("--llama-build", choices=sorted(llama.BUILDS), default="native")
     parser.add_argument("--llama-server", type=Path)
     parser.add_argument("--gguf", type=Path)
     parser.add_argument("--llama-threads", type=int, default=0)
@@ -361,7 +362,7 @@ def prepare(args: argparse.Namespace) -> Path:
     if "llama-server" in args.systems:
         if args.build_llama_server:
             llama_dir = args.cache_dir / "llama.cpp"
-            args.llama_server = args.llama_server or llama.ensure_llama_server(llama_dir)
+            args.llama_server = args.llama_server or llama.ensure_llama_server(llama_dir, args.llama_build)
             outtype = llama.gguf_type(args.dtype, args.quantization)
             args.gguf = args.gguf or llama.ensure_gguf(model_dir, llama_dir, outtype)
         elif args.llama_server is None or args.gguf is None:

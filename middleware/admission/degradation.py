@@ -110,6 +110,7 @@ class Degrader:
         self._level = 0
         self._calm_since: float | None = None
         self._next_refresh = float("-inf")
+        self._last_update = float("-inf")
         self.score = 0.0
 
     def level(self) -> int:
@@ -124,18 +125,29 @@ class Degrader:
         return self._level
 
     def _update(self, now: float) -> None:
+        last, self._last_update = self._last_update, now
         target = sum(1 for threshold in self.config.thresholds if self.score >= threshold)
         if target > self._level:
             self._level = target
             self._calm_since = None
-        elif self._level and self.score < self.config.thresholds[self._level - 1] * (1.0 - self.config.hysteresis):
+        elif self._is_calm():
+            cooldown = self.config.cooldown_seconds
             if self._calm_since is None:
-                self._calm_since = now
-            elif now - self._calm_since >= self.config.cooldown_seconds:
+                # Nobody asked for a whole window before this (no request, no scrape): what the
+                # score reads now, over its windows, is how that gap went. Dated from its start,
+                # so an idle server steps down as if watched, instead of giving the first request
+                # after a quiet hour the level of the burst before it (a canned reply).
+                self._calm_since = last if now - last >= cooldown else now
+            while self._level and self._is_calm() and now - self._calm_since >= cooldown:
                 self._level -= 1
-                self._calm_since = now  # the next step down needs its own calm window
+                self._calm_since += cooldown  # the next step down needs its own calm window
         else:
             self._calm_since = None
+
+    def _is_calm(self) -> bool:
+        """Whether the score is below the current level's threshold, less the hysteresis."""
+        thresholds = self.config.thresholds
+        return bool(self._level) and self.score < thresholds[self._level - 1] * (1.0 - self.config.hysteresis)
 
 
 class TierLevels:

@@ -70,8 +70,7 @@ def packed_attention(
             kv, length = slice(chunk.slot, chunk.slot + 1), chunk.num_tokens if chunk.fresh else plan.chunk_len
             k, v = key[kv, :, :length], value[kv, :, :length]
             mask = None if causal else attention_mask[:, :, rows, :length]
-            out, _ = sdpa_attention_forward(module, query[:, :, rows], k, v, mask, **kwargs)
-            parts.append(out)  # (1, T, H, D)
+            parts.append(chunk_attention(module, query[:, :, rows], k, v, mask, **kwargs))  # (1, T, H, D)
     return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), None
 
 
@@ -96,11 +95,7 @@ def decode_attention(
     slow then); on 1 thread no change. Anything else (CUDA, no groups, dropout, softcap, position
     bias, sinks) goes through transformers' function.
     """
-    plain = (
-        query.device.type == "cpu"
-        and not kwargs.get("dropout")
-        and all(kwargs.get(name) is None for name in ("softcap", "position_bias", "s_aux"))
-    )
+    plain = _is_plain_cpu(query, kwargs)
     if plain and query.dtype in HALF_DTYPES:
         return grouped_decode_attention(query, key, value, mask, kwargs.get("scaling"))
     if not plain or getattr(module, "num_key_value_groups", 1) == 1:
@@ -110,6 +105,41 @@ def decode_attention(
         query, key, value, attn_mask=mask, scale=kwargs.get("scaling"), enable_gqa=True
     )  # (B, H, 1, D)
     return out.transpose(1, 2)
+
+
+def chunk_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """One prompt chunk's attention: queries (1, H, T, D) against its slot's keys (1, KVH, L, D),
+    under `mask` (None: causal from the chunk's own first token); returns (1, T, H, D).
+
+    A chunk that continues a prompt needs a mask (its queries sit at the end of the keys, where
+    SDPA's `is_causal` would put them at the start), and with a mask transformers' function
+    copies the keys and values once per query head of their group (`repeat_kv`): on the CPU that
+    copy grows with the context, not the chunk, and for a long prompt's later chunks it cost more
+    than their matmuls. torch's CPU kernel reads the groups itself (`enable_gqa`), as in decode.
+    """
+    if mask is None or getattr(module, "num_key_value_groups", 1) == 1 or not _is_plain_cpu(query, kwargs):
+        out, _ = sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+        return out
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=kwargs.get("scaling"), enable_gqa=True
+    )  # (1, H, T, D)
+    return out.transpose(1, 2)
+
+
+def _is_plain_cpu(query: torch.Tensor, kwargs: dict[str, Any]) -> bool:
+    """Attention torch's own CPU kernel can run as it is: no dropout, softcap, bias or sinks."""
+    return (
+        query.device.type == "cpu"
+        and not kwargs.get("dropout")
+        and all(kwargs.get(name) is None for name in ("softcap", "position_bias", "s_aux"))
+    )
 
 
 def grouped_decode_attention(

@@ -22,13 +22,25 @@ from pathlib import Path
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=ON",
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 )
+# The builds a bench may ask for (`--llama-build`), each in a folder of its own. `native` is
+# -march=native, AMX included where the CPU advertises it; `avx512` names the AVX-512 extensions
+# and leaves AMX out: on an Intel VM that advertises AMX, native's llama-server dies (SIGSEGV or
+# SIGILL) loading a Q8_0 model, which its AMX path repacks, and the AVX-512 build serves it.
+BUILDS: dict[str, tuple[str, ...]] = {
+    "native": ("-DGGML_NATIVE=ON",),
+    "avx512": (
+        "-DGGML_NATIVE=OFF",
+        *(f"-DGGML_{ext}=ON" for ext in ("AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX512", "AVX512_VBMI")),
+        *(f"-DGGML_{ext}=ON" for ext in ("AVX512_VNNI", "AVX512_BF16")),
+        *(f"-DGGML_{ext}=OFF" for ext in ("AMX_TILE", "AMX_INT8", "AMX_BF16")),
+    ),
+}
 # Runs the vendored converter with the pre-tokenizer answered: argv[1] is the llama.cpp tree.
 _CONVERT = """
 import runpy, sys
@@ -60,21 +72,22 @@ def source_tree(cache_dir: Path) -> Path:
     return next(cache_dir.glob("llama_cpp_python-*/vendor/llama.cpp"))
 
 
-def ensure_llama_server(cache_dir: Path) -> Path:
-    """The llama-server binary, built on first use."""
-    return ensure_llama_tool(cache_dir, "llama-server")
+def ensure_llama_server(cache_dir: Path, build: str = "native") -> Path:
+    """The llama-server binary of `build` (BUILDS), built on first use."""
+    return ensure_llama_tool(cache_dir, "llama-server", build)
 
 
-def ensure_llama_tool(cache_dir: Path, target: str) -> Path:
-    """A llama.cpp binary (`llama-server`, `llama-perplexity`), built on first use; a second
-    target reuses the first one's libraries (a minute or two)."""
-    binary = cache_dir / "build" / "bin" / target
+def ensure_llama_tool(cache_dir: Path, target: str, flavour: str = "native") -> Path:
+    """A llama.cpp binary (`llama-server`, `llama-perplexity`) of the build `flavour`, built on
+    first use; a second target reuses the first one's libraries (a minute or two)."""
+    build = cache_dir / ("build" if flavour == "native" else f"build-{flavour}")
+    binary = build / "bin" / target
     if binary.exists():
         return binary
     if shutil.which("cmake") is None:
         raise RuntimeError(f"building {target} needs cmake (apt install cmake)")
-    tree, build = source_tree(cache_dir), cache_dir / "build"
-    _run(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_FLAGS], "configuring")
+    tree = source_tree(cache_dir)
+    _run(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_FLAGS, *BUILDS[flavour]], f"configuring ({flavour})")
     jobs = str(os.cpu_count() or 2)
     what = f"building {target} (about 13 min on 2 cores, the first target)"
     _run(["cmake", "--build", str(build), "--target", target, "-j", jobs], what)

@@ -117,6 +117,10 @@ async def sse_events(
         if response.status != 200:
             text = b"".join([chunk async for chunk in chunks]).decode(errors="replace")[:200]
             raise StatusError(f"HTTP {response.status}: {text}")
+        if response.headers.get("x-surge-degraded") in ("3", "4"):
+            # surge's canned reply (or a replay) at degradation level 3: a 200 the model never
+            # computed, so an error here, not tokens (docs/traffic.md, tiered degradation).
+            raise StatusError(f"degraded reply (x-surge-degraded: {response.headers['x-surge-degraded']})")
         pending = b""
         async for chunk in chunks:
             lines = (pending + chunk).split(b"\n")

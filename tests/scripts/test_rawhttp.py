@@ -145,3 +145,18 @@ async def test_stream_chat_reads_an_openai_stream(tiny_model_dir: Path) -> None:
         assert result.ttft_s is not None and result.e2e_s is not None and result.ttft_s <= result.e2e_s
         assert len(result.itl_s) >= 1
     assert bad.error is not None and bad.error.startswith("HTTP 400")
+
+
+async def test_stream_chat_counts_a_canned_reply_as_an_error(tiny_model_dir: Path) -> None:
+    """At degradation level 3 surge answers 200 with a canned reply the model never computed: the
+    bench must not count its tokens. The memory bound set near zero holds the level at 3."""
+    settings = {"degrade_memory_usage": 1e-4, "degrade_thresholds": "1,2,3,1000000000"}
+    with running_server(tiny_model_dir, **settings) as live:
+        client = RawHttpClient(live.url)
+        try:
+            body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
+            result = await stream_chat(client, "/v1/chat/completions", body)
+        finally:
+            await client.aclose()
+    assert result.error == "degraded reply (x-surge-degraded: 3)" and result.completion_tokens == 0

@@ -49,6 +49,29 @@ def test_steps_down_one_level_per_calm_window() -> None:
     assert degrader.level() == 2
 
 
+def test_a_server_nobody_asked_during_a_calm_gap_has_stepped_down_by_its_length() -> None:
+    """A burst leaves level 4; nothing asks for 25 s (no request, no scrape), and the score reads
+    calm: the gap counts as two calm windows, so the first request after it sees level 2, not 4,
+    and the rest of the way down goes one window per level as usual. A gap shorter than a window
+    proves nothing: the calm starts when it is seen."""
+    degrader, clock, score = make(cooldown=10.0)
+    walk = [(0.0, 8.0, 4), (25.0, 0.0, 2), (29.9, 0.0, 2), (30.0, 0.0, 1)]
+    walk += [(30.0, 8.0, 4), (39.0, 0.0, 4), (48.9, 0.0, 4), (49.0, 0.0, 3)]
+    seen = []
+    for clock.now, score[0], _ in walk:
+        seen.append(degrader.level())
+    assert seen == [level for *_, level in walk]
+
+
+def test_a_gap_whose_score_is_still_high_steps_nothing_down() -> None:
+    degrader, clock, score = make(cooldown=10.0)
+    score[0] = 8.0
+    assert degrader.level() == 4
+    score[0] = 5.0  # below level 4's 8 x 0.8, above level 3's 4 x 0.8: one level down at most
+    clock.now = 60.0
+    assert degrader.level() == 3
+
+
 def test_a_spike_during_the_calm_window_restarts_it() -> None:
     degrader, clock, score = make(cooldown=10.0)
     score[0] = 2.0
@@ -119,9 +142,9 @@ def test_a_low_tiers_load_never_degrades_a_more_important_tier() -> None:
     scores[0] = 2.0  # tier 0's own load degrades every tier below it too
     assert levels.levels() == {0: 2, 1: 2, 2: 4}
     scores.update({0: 0.0, 2: 0.0})
-    clock.now = 10.0
+    clock.now = 5.0
     assert levels.levels() == {0: 2, 1: 2, 2: 4}  # calm starts now, each tier on its own hysteresis
-    clock.now = 20.0
+    clock.now = 15.0
     assert levels.levels() == {0: 1, 1: 1, 2: 3}
 
 

@@ -1,12 +1,14 @@
-"""models/runner/attention.py's grouped decode attention: the same attention as torch's SDPA with
-grouped-query heads and an additive mask, exact in float32 and to bfloat16's rounding in it."""
+"""models/runner/attention.py's grouped decode attention and a prompt chunk's attention: the same
+attention as torch's SDPA with grouped-query heads and an additive mask (transformers' function
+for a chunk), exact in float32 and to bfloat16's rounding in it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from models.runner.attention import grouped_decode_attention
+from models.runner.attention import chunk_attention, grouped_decode_attention
 
 
 def inputs(rows: int, heads: int, kv_heads: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -45,3 +47,36 @@ def test_bfloat16_grouped_attention_is_sdpa_to_bfloat16_rounding(heads: int, kv_
     if kv_heads > 1:
         swapped = grouped_decode_attention(query, key.flip(1), value.flip(1), mask, 0.125)
         assert (swapped.float() - expected).abs().max() > 0.1
+
+
+class Layer(torch.nn.Module):
+    """What the attention functions read off a model's attention module."""
+
+    def __init__(self, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = heads // kv_heads
+        self.is_causal = True
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(14, 2), (4, 4)])
+def test_a_continuing_chunk_is_transformers_attention(dtype: torch.dtype, heads: int, kv_heads: int) -> None:
+    """A chunk of 24 tokens at positions 40-63 of a slot, under the causal mask at that offset."""
+    generator = torch.Generator().manual_seed(heads)
+    start, num_tokens, length = 40, 24, 64
+    query = torch.randn(1, heads, num_tokens, 64, generator=generator).to(dtype)
+    key = torch.randn(3, kv_heads, length + 9, 64, generator=generator).to(dtype)[1:2, :, :length]
+    value = torch.randn(3, kv_heads, length + 9, 64, generator=generator).to(dtype)[1:2, :, :length]
+    allowed = torch.arange(length)[None, :] <= start + torch.arange(num_tokens)[:, None]
+    mask = torch.zeros(num_tokens, length).masked_fill_(~allowed, torch.finfo(dtype).min).to(dtype)[None, None]
+    layer = Layer(heads, kv_heads)
+    got = chunk_attention(layer, query, key, value, mask, scaling=0.125)
+    expected, _ = sdpa_attention_forward(layer, query, key, value, mask, scaling=0.125)
+    assert got.shape == expected.shape == (1, num_tokens, heads, 64)
+    torch.testing.assert_close(got, expected, **({} if dtype == torch.float32 else {"rtol": 0.02, "atol": 0.02}))
+    # Without a mask the chunk starts its prompt: causal from its own first key.
+    fresh = chunk_attention(layer, query, key[:, :, :num_tokens], value[:, :, :num_tokens], None, scaling=0.125)
+    causal, _ = sdpa_attention_forward(
+        layer, query, key[:, :, :num_tokens], value[:, :, :num_tokens], None, scaling=0.125
+    )
+    torch.testing.assert_close(fresh, causal)

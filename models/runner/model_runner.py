@@ -25,7 +25,14 @@ from transformers import AttentionInterface, PreTrainedModel
 
 from models.kv.cache import ChunkRows, SlotCache, StepPlan, reserves
 from models.kv.pool import KVPool
-from models.runner.attention import ACTIVE, PACKED_ATTENTION, packed_attention, supports_packed
+from models.runner.attention import (
+    ACTIVE,
+    HALF_DTYPES,
+    PACKED_ATTENTION,
+    choose_decode_kernel,
+    packed_attention,
+    supports_packed,
+)
 from models.runner.fused_decoder import FusedDecoder, is_fused
 from models.sampling.params import SamplingParams
 from models.scheduler.output import BlockCopy, PrefillChunk, SlotMove
@@ -65,6 +72,10 @@ class ModelRunner:
         if self.packed:
             AttentionInterface.register(PACKED_ATTENTION, packed_attention)
             model.set_attn_implementation(PACKED_ATTENTION)
+            if self.device.type == "cpu" and self.dtype in HALF_DTYPES:
+                heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None)
+                dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+                choose_decode_kernel(self.dtype, heads, kv_heads or heads, dim, min(max_num_seqs, 32))
             if is_fused(model):
                 self.decoder = self._checked_decoder(FusedDecoder(model, packed_attention))
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from models.runner import attention
 from models.runner.attention import chunk_attention, grouped_decode_attention
 
 
@@ -80,3 +81,20 @@ def test_a_continuing_chunk_is_transformers_attention(dtype: torch.dtype, heads:
         layer, query, key[:, :, :num_tokens], value[:, :, :num_tokens], None, scaling=0.125
     )
     torch.testing.assert_close(fresh, causal)
+
+
+def test_the_decode_kernel_is_measured_and_both_ways_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`choose_decode_kernel` records whichever way is faster on this CPU, and decode attention
+    takes it; the two ways give the same attention to bfloat16's rounding."""
+    monkeypatch.setattr(attention, "GROUPED_DECODE", {})
+    use = attention.choose_decode_kernel(torch.bfloat16, heads=14, kv_heads=2, dim=64, rows=4)
+    assert {torch.bfloat16: use} == attention.GROUPED_DECODE
+    query, key, value, mask = inputs(4, 14, 2, 50, torch.bfloat16)
+    layer = Layer(14, 2)
+    answers = []
+    for grouped in (True, False):
+        attention.GROUPED_DECODE[torch.bfloat16] = grouped
+        answers.append(attention.decode_attention(layer, query, key, value, mask, scaling=0.125).float())
+    assert answers[0].shape == (4, 1, 14, 64)
+    expected = reference(query, key, value, mask)  # float32; the same scale, 64 ** -0.5
+    assert all((answer - expected).abs().max() < 0.03 for answer in answers)

@@ -138,7 +138,7 @@ class Degrader:
                 # so an idle server steps down as if watched, instead of giving the first request
                 # after a quiet hour the level of the burst before it (a canned reply).
                 self._calm_since = last if now - last >= cooldown else now
-            while self._level and self._is_calm() and now - self._calm_since >= cooldown:
+            while self._is_calm() and now - self._calm_since >= cooldown:
                 self._level -= 1
                 self._calm_since += cooldown  # the next step down needs its own calm window
         else:

@@ -376,7 +376,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("degrade_queue_seconds", float, "queue-time p90 that counts as load 1.0"),
     Option("degrade_ttft_seconds", float, "time-to-first-token p90 that counts as load 1.0"),
     Option("degrade_error_rate", float, "error rate that counts as load 1.0"),
-    Option("degrade_step_seconds", float, "engine decode step-time p90 that counts as load 1.0; 0 = off"),
+    Option("degrade_step_seconds", float, "decode step-time p90 that counts as load 1.0 (or more: next); 0 = off"),
+    Option("degrade_full_step_factor", float, "the step-time bound is at least this x the warmup's full decode step"),
     Option("degrade_kv_usage", float, "share of the KV pool in use that counts as load 1.0; 0 = off"),
     Option(
         "degrade_memory_usage",

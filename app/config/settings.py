@@ -131,6 +131,7 @@ class Settings:
     degrade_ttft_seconds: float = _DEGRADATION.ttft_seconds
     degrade_error_rate: float = _DEGRADATION.error_rate
     degrade_step_seconds: float = _DEGRADATION.step_seconds
+    degrade_full_step_factor: float = _DEGRADATION.full_step_factor
     degrade_kv_usage: float = _DEGRADATION.kv_usage
     degrade_memory_usage: float = _DEGRADATION.memory_usage
     degrade_compute_usage: float = _DEGRADATION.compute_usage
@@ -277,6 +278,7 @@ class Settings:
             ttft_seconds=self.degrade_ttft_seconds,
             error_rate=self.degrade_error_rate,
             step_seconds=self.degrade_step_seconds,
+            full_step_factor=self.degrade_full_step_factor,
             kv_usage=self.degrade_kv_usage,
             memory_usage=self.degrade_memory_usage,
             compute_usage=self.degrade_compute_usage,

@@ -12,6 +12,13 @@ TTFT seconds, error rate / error rate; from the engine itself, its step time p90
 (each decoding sequence waits one step per token), KV-pool use / its bound, and memory use and
 CPU (or GPU) busy share / theirs (models/load/host.py). A bound of 0 turns its signal off.
 
+The step-time bound is the larger of `step_seconds` and `full_step_factor` x the step of every
+slot decoding that the engine timed at warmup. NOTE: a fixed bound alone read a big model on a
+small CPU as overloaded at its normal pace: a full 32-row step of a 1.5B model in float32 on 2
+cores takes ~0.8 s, 4x the 0.2 s default, which is level 3 (canned replies) for a server doing
+nothing but its ordinary work. Relative to its own full-load step, the signal says what it is
+for: steps slower than this engine's normal (long contexts, a noisy neighbour, swapping).
+
 Each tier's level is a circuit breaker with hysteresis: level k opens when the score reaches the
 k-th threshold (at once: load rises fast), and closes one level at a time only after the score has
 stayed below `1 - hysteresis` of the current level's threshold for a whole cooldown window (load
@@ -45,7 +52,9 @@ class DegradationConfig:
     ttft_seconds: float = 5.0  # time-to-first-token p90 that counts as load 1.0
     error_rate: float = 0.2  # error rate that counts as load 1.0
     # The engine's own signals (0 turns one off). A step of 200 ms is 5 tokens/s per stream.
-    step_seconds: float = 0.2  # step-time p90 that counts as load 1.0
+    step_seconds: float = 0.2  # step-time p90 that counts as load 1.0 (at least; see full_step_factor)
+    # ... or this many times the engine's warmup step of every slot decoding, where that is larger.
+    full_step_factor: float = 2.0
     kv_usage: float = 0.9  # share of the KV pool held by running sequences that counts as 1.0
     memory_usage: float = 0.9  # share of the memory limit (or GPU memory) in use that counts as 1.0
     # Off by default: a CPU engine uses every core it is given whenever it is busy, so a busy share
@@ -63,7 +72,7 @@ class DegradationConfig:
             raise ValueError("degradation thresholds must increase")
         if min(self.queue_depth, self.queue_seconds, self.ttft_seconds, self.error_rate) <= 0:
             raise ValueError("degradation reference points must be positive")
-        if min(self.step_seconds, self.kv_usage, self.memory_usage, self.compute_usage) < 0:
+        if min(self.step_seconds, self.full_step_factor, self.kv_usage, self.memory_usage, self.compute_usage) < 0:
             raise ValueError("the engine's degradation bounds must be positive (or 0: off)")
         if not 0 <= self.hysteresis < 1:
             raise ValueError("degradation hysteresis must be in [0, 1)")
@@ -83,8 +92,9 @@ def load_signals(snapshot: LoadSnapshot, config: DegradationConfig) -> dict[str,
         "error_rate": snapshot.error_rate / config.error_rate,
     }
     shared = snapshot.bears_shared_load
+    step_bound = max(config.step_seconds, config.full_step_factor * snapshot.full_step_seconds)
     for name, value, bound in (
-        ("step_time", snapshot.step_time_p90, config.step_seconds),
+        ("step_time", snapshot.step_time_p90, step_bound if config.step_seconds > 0 else 0.0),
         ("kv_usage", snapshot.kv_usage, config.kv_usage),
         ("memory", snapshot.memory_usage, config.memory_usage),
         ("compute", snapshot.compute_usage, config.compute_usage),

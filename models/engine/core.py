@@ -17,7 +17,7 @@ from collections.abc import Callable
 from models.config import SchedulerConfig
 from models.engine.faults import forward_faults_from_env
 from models.engine.inbox import Inbox, Stop
-from models.engine.observer import NULL_OBSERVER, EngineObserver
+from models.engine.observer import NULL_OBSERVER, EngineObserver, WarmupObserver
 from models.engine.outputs import (
     ENGINE_STOPPED,
     MODEL_FAILED,
@@ -92,6 +92,7 @@ class EngineCore:
         self._thread: threading.Thread | None = None
         self.dead: BaseException | None = None
         self.is_warm = False
+        self.full_step_seconds = 0.0  # a decode step of every slot, timed at warmup
         self.num_steps = 0
         self.num_aborted = 0  # requests taken out because their client went away
         self._faults = forward_faults_from_env()  # tests only (models/engine/faults.py); None when off
@@ -172,8 +173,7 @@ class EngineCore:
         try:
             self._warmup()
             self.scheduler.prefix_cache = start_prefix_cache(self.config, self.runner, self.observer.on_kv_events)
-            # Everything alive now lives as long as the process: out of the collector's sight, a full
-            # collection no longer walks millions of objects in the middle of a step.
+            # What is alive now lives as long as the process: frozen, no full collection walks it mid-step.
             gc.collect()
             gc.freeze()
             self.is_warm = True
@@ -385,14 +385,16 @@ class EngineCore:
         log.info("warming up: %d sequences, prompt %d tokens", len(seqs), seqs[0].num_prompt_tokens)
         self.grammars.prepare()
         observer, publish = self.observer, self._publish
-        self.observer, self._publish = NULL_OBSERVER, lambda _: None
+        warm = WarmupObserver()
+        self.observer, self._publish = warm, lambda _: None
         for seq in seqs:
             self._requests[seq.request_id] = EngineRequest.build(seq, self.tokenizer, self.runner.device)
             self.scheduler.add(seq)
         while self.scheduler.has_work:
             self.step()
         self.step()  # an empty step applies the slot moves the last finishes left
-        measure_decode_threads(self.runner, self._threads, self.config.max_num_seqs)  # if --num-threads auto
+        measured = measure_decode_threads(self.runner, self._threads, len(seqs))  # if --num-threads auto
+        rows, self.full_step_seconds = (len(seqs), measured) if measured else (warm.rows, warm.full_step_seconds)
         self.num_steps = 0
         self.observer, self._publish = observer, publish
-        log.info("warmup done")
+        log.info("warmup done: a decode step of %d rows takes %.1f ms", rows, 1000 * self.full_step_seconds)

@@ -70,3 +70,17 @@ class NullObserver:
 
 
 NULL_OBSERVER: EngineObserver = NullObserver()
+
+
+class WarmupObserver(NullObserver):
+    """Warmup's observer: keeps the time of its widest decode step (every slot, unless a KV bound
+    kept them apart), the engine's pace at full load; the step-time degradation signal is read
+    against it (middleware/admission/degradation.py)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.full_step_seconds = 0.0
+
+    def on_step(self, num_seqs: int, num_prompt_tokens: int, num_generated_tokens: int, seconds: float) -> None:
+        if num_prompt_tokens == 0 and (num_seqs, seconds) > (self.rows, self.full_step_seconds):
+            self.rows, self.full_step_seconds = num_seqs, seconds

@@ -38,6 +38,7 @@ class LoadSnapshot:
     kv_usage: float
     num_waiting_tokens: int  # prompt tokens of waiting requests (every tier)
     step_time_p90: float = 0.0  # seconds of the engine's steps over the window (MIN_STEPS of them at least)
+    full_step_seconds: float = 0.0  # the engine's decode step of every slot, timed at warmup (0: unknown)
     memory_usage: float = 0.0  # 0..1: the container's (or machine's) memory, or the fullest GPU's
     compute_usage: float = 0.0  # 0..1: the container's (or machine's) CPU, smoothed, or the busiest GPU
     # Whether the shared figures (KV use, steps, memory, CPU) count for this tier: they are charged to

@@ -148,6 +148,8 @@ class EngineHandle(Protocol):
     @property
     def is_warm(self) -> bool: ...
     @property
+    def full_step_seconds(self) -> float: ...
+    @property
     def is_alive(self) -> bool: ...
     @property
     def num_waiting(self) -> int: ...
@@ -320,6 +322,7 @@ class AsyncEngine:
             kv_usage=core.kv_usage,
             num_waiting_tokens=core.num_waiting_tokens,
             step_time_p90=load.stats.step_time_p90(),
+            full_step_seconds=core.full_step_seconds,
             memory_usage=memory,
             compute_usage=busy,
             bears_shared_load=tier is None or load.bears_shared_load(tier),

@@ -135,6 +135,7 @@ class _Outbox:
             core.num_steps,
             num_received,
             core.prefix_cache_stats,
+            core.full_step_seconds,
         )
         events = self.observer.events
         if not self.outputs and not events and stats == self.last_stats:

@@ -71,6 +71,7 @@ class EngineStats(NamedTuple):
     num_steps: int
     num_received: int  # requests taken off the pipe (the server counts what it sent)
     prefix_cache: PrefixCacheStats = PrefixCacheStats()
+    full_step_seconds: float = 0.0  # a decode step of every slot, timed at warmup
 
 
 IDLE_STATS = EngineStats(False, 0, 0, 0, 0.0, 0, 0, 0, 0)

@@ -194,6 +194,10 @@ class EngineProcess:
         return self._stats.is_warm
 
     @property
+    def full_step_seconds(self) -> float:
+        return self._stats.full_step_seconds
+
+    @property
     def is_alive(self) -> bool:
         return self.dead is None and not self._stopping
 

@@ -33,16 +33,18 @@ CLEAN_SHARE = 0.9
 PARALLEL_EFFICIENCY = 0.35
 
 
-def measure_decode_threads(runner: Runner, threads: StepThreads | None, rows: int) -> None:
-    """Time a `rows`-row decode step at each candidate count; decode on the best from now on.
-    Nothing to do without a policy that asks for it (a fixed --num-threads, a GPU, one CPU)."""
+def measure_decode_threads(runner: Runner, threads: StepThreads | None, rows: int) -> float | None:
+    """Time a `rows`-row decode step at each candidate count; decode on the best from now on, and
+    return its step's seconds. Nothing to do (None) without a policy that asks for it (a fixed
+    --num-threads, a GPU, one CPU)."""
     if threads is None or not threads.measure:
-        return
+        return None
     timings = time_decode_steps(runner, rows, decode_candidates(threads.prefill))
     threads.decode = choose_decode_threads(timings, rows, threads.prefill)
     threads.current = None  # the next step sets its count, whatever the timing left behind
     steps = ", ".join(f"{count} thread(s) {1000 * seconds:.1f} ms" for count, seconds in timings.items())
     log.info("decode threads: %d (a %d-row decode step: %s)", threads.decode, rows, steps)
+    return timings[threads.decode]
 
 
 def time_decode_steps(

@@ -21,6 +21,8 @@ from tests.live_server import MODEL_NAME, LiveServer, running_server
 
 LEVEL_ONE_ONLY = "1,1000000,2000000,3000000"
 ONLY = {"degrade_step_seconds": 0.0, "degrade_kv_usage": 0.0, "degrade_memory_usage": 0.0, "degrade_compute_usage": 0.0}
+# The step-time bound alone: not also a multiple of the tiny model's own full-load step.
+FIXED_STEP = {"degrade_step_seconds": 1e-6, "degrade_full_step_factor": 0.0}
 
 
 @pytest.fixture
@@ -76,7 +78,7 @@ def generate(server: LiveServer, max_tokens: int) -> None:
 
 @pytest.mark.parametrize(
     "server_with",
-    [({"degrade_step_seconds": 1e-6}, "thread"), ({"degrade_step_seconds": 1e-6}, "process")],
+    [(FIXED_STEP, "thread"), (FIXED_STEP, "process")],
     indirect=True,
 )
 def test_slow_engine_steps_degrade(server_with: LiveServer) -> None:

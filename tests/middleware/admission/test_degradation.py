@@ -218,6 +218,20 @@ def test_a_bound_of_zero_turns_a_signal_off_and_compute_is_off_by_default() -> N
     assert load_score(ENGINE_SNAPSHOT, off) == 0.0
 
 
+def test_the_step_bound_is_at_least_a_multiple_of_the_engines_own_full_load_step() -> None:
+    """A big model on a small CPU: its full 32-row step at warmup took 0.8 s, so 1.0 s steps are its
+    normal pace, not 5x overload (which was level 3, canned replies, with the fixed 0.2 s alone)."""
+    big = dataclasses.replace(ENGINE_SNAPSHOT, step_time_p90=1.0, full_step_seconds=0.8)
+    assert load_signals(big, DegradationConfig())["step_time"] == pytest.approx(1.0 / 1.6)
+    assert load_signals(big, DegradationConfig(full_step_factor=0))["step_time"] == pytest.approx(5.0)
+    slower = dataclasses.replace(big, step_time_p90=3.2)  # 4x its own pace: overloaded after all
+    assert load_signals(slower, DegradationConfig())["step_time"] == pytest.approx(2.0)
+    # A fast engine (or one that reported nothing) keeps the fixed bound.
+    small = dataclasses.replace(ENGINE_SNAPSHOT, full_step_seconds=0.01)
+    assert load_signals(small, DegradationConfig(step_seconds=0.25))["step_time"] == pytest.approx(2.0)
+    assert load_signals(big, DegradationConfig(step_seconds=0))["step_time"] == 0.0  # off stays off
+
+
 def test_the_engines_signals_count_only_for_the_tier_that_bears_the_shared_load() -> None:
     config = DegradationConfig(compute_usage=0.9)
     spared = dataclasses.replace(ENGINE_SNAPSHOT, bears_shared_load=False)
@@ -225,7 +239,14 @@ def test_the_engines_signals_count_only_for_the_tier_that_bears_the_shared_load(
 
 
 @pytest.mark.parametrize(
-    "bad", [{"step_seconds": -0.1}, {"memory_usage": -1.0}, {"hysteresis": 1.0}, {"hysteresis": -0.1}]
+    "bad",
+    [
+        {"step_seconds": -0.1},
+        {"full_step_factor": -1.0},
+        {"memory_usage": -1.0},
+        {"hysteresis": 1.0},
+        {"hysteresis": -0.1},
+    ],
 )
 def test_bad_engine_bounds_are_rejected(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):

@@ -23,7 +23,7 @@ class _CoreWithArrivingRequest:
 
     is_warm = True
     num_waiting_tokens = num_running = num_aborted = num_preempted = num_steps = 0
-    kv_usage = 0.0
+    kv_usage = full_step_seconds = 0.0
     prefix_cache_stats = PrefixCacheStats()
 
     def __init__(self, outbox_ref: list[_Outbox], num_waiting: int) -> None:

@@ -60,8 +60,12 @@ codex-cli:
 		(cd examples/codex && npm install --no-audit --no-fund) || echo "npm install failed: tests/examples will skip the Codex CLI"; \
 	else echo "npm not found: tests/examples will skip the Codex CLI"; fi
 
+# Two workers (pytest-xdist), a test file each at a time: most tests wait on a server, a child
+# process or a timeout rather than compute, and on 2 cores the suite takes ~0.6x the time of one
+# worker. A file stays on one worker, so its module-scoped servers start once. TEST_WORKERS=0: one.
+TEST_WORKERS ?= 2
 unit: install-dev redis k8s-tools node-example codex-cli
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: lint typecheck unit
 

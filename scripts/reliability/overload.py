@@ -400,14 +400,19 @@ def server_tokens_rate(samples: list[Sample], t_start: float, t_end: float) -> f
 
 
 def check_hysteresis(steps: list[tuple[float, int]], cooldown_s: float, tolerance_s: float) -> tuple[bool, str | None]:
-    """Every step down is by one level and comes at least a cooldown after the previous change
-    (up or down), as middleware/admission/degradation.py promises; (ok, the first violation)."""
+    """Every level a step down drops took its own cooldown of calm since the previous change (up or
+    down), as middleware/admission/degradation.py promises; (ok, the first violation). A drop of
+    two levels at once is one the server made when nobody had asked for a level (no request, no
+    scrape) for more than a window: it counts the windows that passed unobserved, and so must be
+    two cooldowns after the last change. NOTE: requiring one level per observed change failed a
+    run on 2 busy cores where the server's calls came just over the 1 s cooldown apart."""
     for (t_prev, level_prev), (t, level) in itertools.pairwise(steps):
-        if level < level_prev:
-            if level_prev - level != 1:
-                return False, f"{level_prev} -> {level} at {t:.1f} s skips a level"
-            if t - t_prev < cooldown_s - tolerance_s:
-                return False, f"{level_prev} -> {level} at {t:.1f} s only {t - t_prev:.1f} s after the last change"
+        dropped = level_prev - level
+        if dropped > 0 and t - t_prev < dropped * cooldown_s - tolerance_s:
+            needed = f"{dropped * cooldown_s:g} s" if dropped > 1 else "a cooldown"
+            return False, (
+                f"{level_prev} -> {level} at {t:.1f} s only {t - t_prev:.1f} s after the last change ({needed} needed)"
+            )
     return True, None
 
 
@@ -470,7 +475,7 @@ def evaluate(run: OverloadRun) -> list[Criterion]:
         ),
         Criterion(
             "degradation steps up under load and back down with hysteresis",
-            f"peak >= 1; each step down by 1, >= {config.cooldown_s:g} s after the last change; 0 at the end",
+            f"peak >= 1; each level down >= {config.cooldown_s:g} s of calm after the last change; 0 at the end",
             f"peak {peak:.0f}; {violation or 'steps ok'}; final {final_level:.0f}",
             peak >= 1 and is_hysteretic and final_level == 0,
         ),

@@ -405,10 +405,12 @@ def check_hysteresis(steps: list[tuple[float, int]], cooldown_s: float, toleranc
     two levels at once is one the server made when nobody had asked for a level (no request, no
     scrape) for more than a window: it counts the windows that passed unobserved, and so must be
     two cooldowns after the last change. NOTE: requiring one level per observed change failed a
-    run on 2 busy cores where the server's calls came just over the 1 s cooldown apart."""
-    for (t_prev, level_prev), (t, level) in itertools.pairwise(steps):
+    run on 2 busy cores where the server's calls came just over the 1 s cooldown apart. The first
+    entry is the level at the first sample, not a change: when it was set is unknown (the
+    capacity phase before may have raised it), so the step after it is not timed."""
+    for index, ((t_prev, level_prev), (t, level)) in enumerate(itertools.pairwise(steps)):
         dropped = level_prev - level
-        if dropped > 0 and t - t_prev < dropped * cooldown_s - tolerance_s:
+        if dropped > 0 and index > 0 and t - t_prev < dropped * cooldown_s - tolerance_s:
             needed = f"{dropped * cooldown_s:g} s" if dropped > 1 else "a cooldown"
             return False, (
                 f"{level_prev} -> {level} at {t:.1f} s only {t - t_prev:.1f} s after the last change ({needed} needed)"

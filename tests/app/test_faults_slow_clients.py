@@ -32,6 +32,9 @@ from scripts.harness.procs import rss_bytes
 from scripts.harness.servers import ServerProcess, surge_servers
 from tests.app.fault_tools import metric, wait_idle
 
+# Judged under load: on the machine alone, not beside a second test worker (Makefile).
+pytestmark = pytest.mark.serial
+
 CHAT = "/v1/chat/completions"
 # Degradation off: a wave of stalled clients queued behind a full batch would (rightly) raise the
 # level, and level 3 answers normal streams with canned replies; this test is about slow readers.

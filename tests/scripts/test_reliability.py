@@ -12,6 +12,9 @@ from scripts.harness.chat import ChatAttempt
 from scripts.reliability import keys_burst, overload, soak
 from scripts.reliability.common import parse_metrics
 
+# Judged under load: on the machine alone, not beside a second test worker (Makefile).
+pytestmark = pytest.mark.serial
+
 
 def criteria_rows(report: str) -> dict[str, str]:
     """criterion -> `pass`, `FAIL` or `reported` (not judged), from the report's table."""
@@ -80,6 +83,9 @@ def test_hysteresis_check_rejects_steps_down_faster_than_a_cooldown_a_level() ->
     assert not ok and "only 7.0 s" in (why or "") and "12 s needed" in (why or "")
     # Two levels at once, two cooldowns on: windows nobody observed, each its own calm.
     ok, _ = overload.check_hysteresis([(0.0, 0), (1.0, 2), (13.5, 0)], 6.0, 0.5)
+    assert ok
+    # The first sample's level was set before sampling began: its end is not timed.
+    ok, _ = overload.check_hysteresis([(0.1, 1), (0.2, 0), (0.5, 2), (7.0, 1)], 6.0, 0.5)
     assert ok
     ok, why = overload.check_hysteresis([(0.0, 2), (7.0, 1), (9.0, 0)], 6.0, 0.5)
     assert not ok and "only 2.0 s" in (why or "")

@@ -27,9 +27,11 @@ ACTIVE = threading.local()
 PACKED_ATTENTION = "surge_packed_sdpa"
 # Decode attention in these dtypes may run as grouped matmuls instead of torch's CPU SDPA kernel.
 HALF_DTYPES = (torch.bfloat16, torch.float16)
-# Per half dtype, measured at load by `choose_decode_kernel`: whether its decode attention runs
-# as grouped matmuls (True) or torch's kernel (False); a dtype not measured runs grouped.
-GROUPED_DECODE: dict[torch.dtype, bool] = {}
+# Measured at load by `choose_decode_kernel`, per (dtype, query heads, K/V heads, head size): whether
+# decode attention of that shape runs as grouped matmuls (True) or torch's kernel (False); a shape
+# not measured runs grouped. Keyed by shape, so two models in one process keep their own choice.
+DecodeShape = tuple[torch.dtype, int, int, int]
+GROUPED_DECODE: dict[DecodeShape, bool] = {}
 
 
 def packed_attention(
@@ -105,7 +107,7 @@ def decode_attention(
     bias, sinks) goes through transformers' function.
     """
     plain = _is_plain_cpu(query, kwargs)
-    if plain and query.dtype in HALF_DTYPES and GROUPED_DECODE.get(query.dtype, True):
+    if plain and query.dtype in HALF_DTYPES and GROUPED_DECODE.get(_decode_shape(query, key), True):
         return grouped_decode_attention(query, key, value, mask, kwargs.get("scaling"))
     if not plain or getattr(module, "num_key_value_groups", 1) == 1:
         out, _ = sdpa_attention_forward(module, query, key, value, mask, **kwargs)
@@ -136,7 +138,7 @@ def choose_decode_kernel(dtype: torch.dtype, heads: int, kv_heads: int, dim: int
         lambda: grouped_decode_attention(query, key, value, mask, None),
         lambda: torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True),
     )
-    GROUPED_DECODE[dtype] = use = grouped < sdpa
+    GROUPED_DECODE[(dtype, heads, kv_heads, dim)] = use = grouped < sdpa
     way = "grouped matmuls" if use else "torch's SDPA kernel"
     log.info(
         "%s decode attention: %s (%d rows x 1,024 positions: grouped %.2f ms, SDPA %.2f ms)",
@@ -147,6 +149,11 @@ def choose_decode_kernel(dtype: torch.dtype, heads: int, kv_heads: int, dim: int
         sdpa * 1e3,
     )
     return use
+
+
+def _decode_shape(query: torch.Tensor, key: torch.Tensor) -> DecodeShape:
+    """GROUPED_DECODE's key for a decode block's query (B, H, 1, D) and keys (B, KVH, L, D)."""
+    return query.dtype, query.shape[1], key.shape[1], query.shape[-1]
 
 
 def _fastest(*calls: Callable[[], object], repeats: int = 3) -> list[float]:

@@ -88,13 +88,33 @@ def test_the_decode_kernel_is_measured_and_both_ways_agree(monkeypatch: pytest.M
     takes it; the two ways give the same attention to bfloat16's rounding."""
     monkeypatch.setattr(attention, "GROUPED_DECODE", {})
     use = attention.choose_decode_kernel(torch.bfloat16, heads=14, kv_heads=2, dim=64, rows=4)
-    assert {torch.bfloat16: use} == attention.GROUPED_DECODE
+    assert {(torch.bfloat16, 14, 2, 64): use} == attention.GROUPED_DECODE
     query, key, value, mask = inputs(4, 14, 2, 50, torch.bfloat16)
     layer = Layer(14, 2)
     answers = []
     for grouped in (True, False):
-        attention.GROUPED_DECODE[torch.bfloat16] = grouped
+        attention.GROUPED_DECODE[(torch.bfloat16, 14, 2, 64)] = grouped
         answers.append(attention.decode_attention(layer, query, key, value, mask, scaling=0.125).float())
     assert answers[0].shape == (4, 1, 14, 64)
     expected = reference(query, key, value, mask)  # float32; the same scale, 64 ** -0.5
     assert all((answer - expected).abs().max() < 0.03 for answer in answers)
+
+
+def test_each_attention_shape_keeps_its_own_decode_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two models of one dtype with different heads in one process: each shape's decode attention
+    runs the way measured for it, not the way measured last."""
+    calls: list[int] = []
+
+    def counted(query: torch.Tensor, *args: object) -> torch.Tensor:
+        calls.append(query.shape[1])
+        return grouped_decode_attention(query, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attention, "grouped_decode_attention", counted)
+    monkeypatch.setattr(
+        attention, "GROUPED_DECODE", {(torch.bfloat16, 14, 2, 64): True, (torch.bfloat16, 8, 4, 64): False}
+    )
+    for heads, kv_heads in ((14, 2), (8, 4)):
+        query, key, value, mask = inputs(3, heads, kv_heads, 20, torch.bfloat16)
+        out = attention.decode_attention(Layer(heads, kv_heads), query, key, value, mask, scaling=0.125)
+        assert out.shape == (3, 1, heads, 64)
+    assert calls == [14]

@@ -28,7 +28,8 @@ SHAPES = {
     "0.5b": (896, 24, 14, 2, 4864, 151936),
     "1.5b": (1536, 28, 12, 2, 8960, 151936),
 }
-CONFIGURATIONS = [("bfloat16", "none"), ("float32", "none"), ("bfloat16", "int8")]
+# ("float32", "int8") is what `--quantization int8` loads with `--dtype auto`.
+CONFIGURATIONS = [("bfloat16", "none"), ("float32", "none"), ("bfloat16", "int8"), ("float32", "int8")]
 CACHE = Path.home() / ".cache" / "surge" / "load-memory"
 # 2: the rows the tokenizer can't decode to whole characters are muted (tiny.mute_partial_characters).
 SHAPE_VERSION = 2

@@ -26,6 +26,7 @@ from models.linear.int8 import quantize_linears
 from models.linear.packed import pack_linears
 from models.loading import hub
 from models.loading.dtype_choice import choose_cpu_dtype
+from models.loading.mapped_embedding import map_input_embeddings
 from models.loading.tokenizer import Tokenizer
 from models.runner.cpus import cpu_features, prefill_thread_count
 from models.runner.echo import ECHO_MODEL
@@ -141,6 +142,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
         quantize_linears(model, rows_hint=PACK_ROWS_HINT)
     elif device.type == "cpu":
         pack_linears(model, rows_hint=PACK_ROWS_HINT)
+    if device.type == "cpu":  # after the linears: a tied output layer packed has let go of the table
+        map_input_embeddings(model, path)
     log.info(
         "loaded %s (%.1fM parameters) in %.1f s",
         Path(path).name or path,

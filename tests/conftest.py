@@ -26,6 +26,39 @@ os.environ.setdefault("SURGE_EMBEDDING_MODEL", "")
 # tests/models/loading/test_dtype_choice.py serves through `auto` on whatever CPU runs the suite.
 os.environ.setdefault("SURGE_DTYPE", "float32")
 
+# The files that take longest (a minute or so each on two slow cores: fleets, engine processes,
+# autoscaling windows, the bench smokes), run first: `make test` hands files to its two workers
+# in collection order (`--no-loadscope-reorder`), and a long file handed out last kept one worker
+# busy alone at the end. Longest first, the two end together. A name that no longer exists is
+# ignored; one missing here only runs in its usual place.
+LONGEST_FILES = (
+    "tests/app/test_fleet_router.py",
+    "tests/app/test_engine_process_http.py",
+    "tests/models/process/test_parent.py",
+    "tests/k8s/test_autoscaling_metric.py",
+    "tests/app/test_cli.py",
+    "tests/scripts/test_bench_smoke.py",
+    "tests/app/server/test_shutdown.py",
+    "tests/app/test_hostile_schemas.py",
+    "tests/k8s/test_canary.py",
+    "tests/app/test_faults_redis.py",
+    "tests/app/runtime/test_connections.py",
+    "tests/models/loading/test_tiny.py",
+    "tests/scripts/test_load_memory.py",
+    "tests/app/test_preemption.py",
+    "tests/app/test_replicas.py",
+    "tests/scripts/test_bench_fleet.py",
+    "tests/scripts/test_bench_prefix.py",
+    "tests/app/ops/test_logs.py",
+    "tests/app/server/test_keys_reload.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """LONGEST_FILES first, in that order; every other test keeps its place after them."""
+    rank = {name: index for index, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
+
 
 @pytest.fixture(scope="session")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -78,7 +78,8 @@ def map_input_embeddings(model: nn.Module, model_dir: str) -> int:
         return 0
     weight = embedding.weight
     output = model.get_output_embeddings()  # type: ignore[operator]
-    if output is not None and getattr(output, "weight", None) is weight:
+    output_weight = getattr(output, "weight", None) if output is not None else None
+    if isinstance(output_weight, torch.Tensor) and output_weight.data_ptr() == weight.data_ptr():
         return 0  # a tied output layer still multiplies by the model's table: nothing to let go
     if in_file_mapping(weight.data_ptr()):
         return 0  # transformers kept it in the file's pages already (the file's own dtype)

@@ -179,8 +179,8 @@ def wait_until_ready(
 
 
 def surge_argv(model: str | Path, *args: str) -> list[str]:
-    """`surge serve --model MODEL` on loopback at `{port}`, without an embedding model, then `args`
-    (later flags win: `--embedding-model tiny` serves one)."""
+    """`surge serve --model MODEL` on loopback at `{port}`, without an embedding model and without
+    a shutdown delay, then `args` (later flags win: `--embedding-model tiny` serves one)."""
     return [
         sys.executable,
         "-m",
@@ -196,6 +196,10 @@ def surge_argv(model: str | Path, *args: str) -> list[str]:
         # (memory in every RSS figure, seconds of every start) that no benchmark or test of chat uses.
         "--embedding-model",
         "",
+        # Stopped at once: the 2 s of 503s before the listener closes are for a load balancer's
+        # next probe, and were seconds of every test's stop (tests of shutdown pass their own).
+        "--shutdown-delay-seconds",
+        "0",
         *args,
     ]
 

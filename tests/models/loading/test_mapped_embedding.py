@@ -100,6 +100,10 @@ def test_a_tied_output_layer_still_reading_the_table_keeps_it(tmp_path: Path) ->
     table, so mapping the lookup would free nothing."""
     model_dir = build(tmp_path / "model", tied=True)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied here, whatever from_pretrained did
+    assert map_input_embeddings(model, str(model_dir)) == 0
+    # The same storage under another Parameter is the same table too.
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.data)
     assert map_input_embeddings(model, str(model_dir)) == 0
     assert type(model.get_input_embeddings()) is torch.nn.Embedding
 

@@ -64,8 +64,8 @@ codex-cli:
 # process or a timeout rather than compute, and on 2 cores the suite takes ~0.6x the time of one
 # worker. A file stays on one worker, so its module-scoped servers start once; files go out in
 # collection order, where tests/conftest.py puts the longest first. Tests marked
-# `serial` judge behaviour under load (overload's hysteresis, stalled readers) and flaked beside a
-# second worker: they run after, alone. Both parts run; the target fails if either did.
+# `serial` judge timing under load (overload's hysteresis, the keys burst's fairness, stalled
+# readers) and flaked, or may, beside a second worker: they run after, alone. Both parts run; the target fails if either did.
 # TEST_WORKERS=0: everything on one worker.
 # The serial run collects only the files that mark tests serial (collecting all ~2,000 tests is
 # ~25 s on slow cores). PYTHONDONTWRITEBYTECODE= (empty: unset, for Python): where the

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import mmap
 import os
 import struct
@@ -78,16 +79,20 @@ def map_input_embeddings(model: nn.Module, model_dir: str) -> int:
         return 0
     weight = embedding.weight
     output = model.get_output_embeddings()  # type: ignore[operator]
-    output_weight = getattr(output, "weight", None) if output is not None else None
+    output_weight = getattr(output, "weight", None)
     if isinstance(output_weight, torch.Tensor) and output_weight.data_ptr() == weight.data_ptr():
         return 0  # a tied output layer still multiplies by the model's table: nothing to let go
     if in_file_mapping(weight.data_ptr()):
         return 0  # transformers kept it in the file's pages already (the file's own dtype)
     name = next(name for name, module in model.named_modules() if module is embedding)
-    found = find_tensor(Path(model_dir), _names(model, name))
-    if found is None or found.shape != tuple(weight.shape):
+    try:  # a saving, never a reason for a load to fail: an unreadable file keeps the copy
+        found = find_tensor(Path(model_dir), _names(model, name))
+        if found is None or found.shape != tuple(weight.shape):
+            return 0
+        table, mapping = map_tensor(found)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.info("input embeddings: kept in memory (the checkpoint's table could not be mapped: %s)", exc)
         return 0
-    table, mapping = map_tensor(found)
     if not same_values(table, weight):
         log.info("input embeddings: the checkpoint's table differs from the model's; kept in memory")
         return 0
@@ -163,12 +168,9 @@ def map_tensor(tensor: FileTensor) -> tuple[torch.Tensor, mmap.mmap]:
     """`tensor` as a read-only view of its file, and the mapping it lives in."""
     with tensor.path.open("rb") as file:
         mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    count = 1
-    for size in tensor.shape:
-        count *= size
     with warnings.catch_warnings():  # "not writable": it never is written
         warnings.simplefilter("ignore", UserWarning)
-        flat = torch.frombuffer(mapping, dtype=tensor.dtype, count=count, offset=tensor.offset)
+        flat = torch.frombuffer(mapping, dtype=tensor.dtype, count=math.prod(tensor.shape), offset=tensor.offset)
     return flat.view(tensor.shape), mapping
 
 

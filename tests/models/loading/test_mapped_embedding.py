@@ -141,3 +141,11 @@ def test_a_table_already_in_the_files_pages_is_left_alone(tmp_path: Path) -> Non
     mapped, _ = mapped_embedding.map_tensor(found)
     assert mapped_embedding.in_file_mapping(mapped.data_ptr())
     assert not mapped_embedding.in_file_mapping(table.data_ptr())
+
+
+def test_an_unreadable_checkpoint_keeps_the_copy_rather_than_failing_the_load(tmp_path: Path) -> None:
+    model_dir = build(tmp_path / "model", tied=False)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    (model_dir / "model.safetensors").write_bytes(b"\xff" * 16)  # a header length past any bound
+    assert map_input_embeddings(model, str(model_dir)) == 0
+    assert type(model.get_input_embeddings()) is torch.nn.Embedding

@@ -3,6 +3,7 @@
     python -m scripts.load_memory                  # Qwen2.5-0.5B's shape, random weights, built here
     python -m scripts.load_memory --model DIR      # any model directory
     python -m scripts.load_memory --shape 1.5b
+    python -m scripts.load_memory --configurations float32/none,float32/int8
 
 Each configuration loads in a fresh process (`models.loading.loader.load_model`, what the engine
 runs: the weights, then the fused projections and the packed or 8-bit linear layers) while a
@@ -59,6 +60,8 @@ start = time.perf_counter()
 loaded = load_model(ModelConfig(model=sys.argv[1], dtype=sys.argv[2], quantization=sys.argv[3]))
 seconds = time.perf_counter() - start
 done.set(); sampler.join()
+from models.runner import heap
+heap.give_back()  # what the engine does once warm: the load's freed pages go back to the system
 after = status()
 print(json.dumps({
     "seconds": seconds,
@@ -108,13 +111,16 @@ def weights_bytes(model: Path) -> int:
 
 
 def measure(model: Path, dtype: str, quantization: str) -> dict[str, float]:
-    proc = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(model), dtype, quantization],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
+    from models.runner import heap
+
+    with heap.child_environment():  # the engine child's allocator (jemalloc, where installed)
+        proc = subprocess.run(
+            [sys.executable, "-c", MEASURE, str(model), dtype, quantization],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=False,
+        )
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-2000:])
     result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -125,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a model directory (default: a random one of --shape)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    parser.add_argument(
+        "--configurations",
+        type=lambda text: [tuple(item.split("/", 1)) for item in text.split(",")],
+        default=CONFIGURATIONS,
+        help="DTYPE/QUANTIZATION,... (default: all four)",
+    )
     args = parser.parse_args(argv)
     model = args.model or build(args.shape, shape_dir(CACHE, args.shape))
     on_disk = weights_bytes(model)
@@ -132,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{model}: {on_disk / mib:,.0f} MiB of safetensors\n")
     print("| dtype | quantization | peak anonymous (MiB) | x file | peak RSS (MiB) | kept (MiB) | load (s) |")
     print("|---|---|---|---|---|---|---|")
-    for dtype, quantization in CONFIGURATIONS:
+    for dtype, quantization in args.configurations:
         r = measure(model, dtype, quantization)
         print(
             f"| {dtype} | {quantization} | {r['peak_anon'] / mib:,.0f} | {r['peak_anon'] / on_disk:.2f} "

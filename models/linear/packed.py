@@ -49,6 +49,11 @@ PACKED_DTYPES = (torch.float32, torch.bfloat16)
 # How far the packed result may be from F.linear's: the order of the sums differs, so a few units
 # of the last place of the output's dtype (bfloat16 keeps 8 bits of mantissa).
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+# The probe times the largest layer's first rows up to this many weights (64 MiB in float32): a
+# decode-sized product's speed, without copying a whole vocabulary projection to find it.
+PROBE_ELEMENTS = 1 << 24
+# (narrow, wide) dtypes a layer is widened between without rounding.
+EXACT_WIDENING = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
 
 
 class PackedLinear(nn.Module):
@@ -69,22 +74,39 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, onednn"
 
 
-def pack_linears(model: nn.Module, rows_hint: int, min_speedup: float | None = None) -> int:
+def pack_linears(
+    model: nn.Module, rows_hint: int, min_speedup: float | None = None, compute_dtype: torch.dtype | None = None
+) -> int:
     """Swap every float32 and bfloat16 `nn.Linear` of a CPU model for a PackedLinear, where the
     probe finds oneDNN at least `min_speedup` (default MIN_SPEEDUP; 0: always) times as fast here
     on that dtype's largest layer; returns how many were swapped (0: the model is untouched).
-    `rows_hint`: the rows oneDNN's layout is chosen for (the decode batch)."""
+    `rows_hint`: the rows oneDNN's layout is chosen for (the decode batch). `compute_dtype`: the
+    dtype a model loaded narrower runs in (models/loading/widening.py): its bfloat16 and float16
+    layers are widened to it one at a time, each as it is packed."""
     if not torch.backends.mkldnn.is_available():
         return 0
-    return sum(_pack_dtype(model, dtype, rows_hint, min_speedup) for dtype in PACKED_DTYPES)
+    sources = (*PACKED_DTYPES, torch.float16)
+    pairs = [(source, _target(source, compute_dtype)) for source in sources]
+    return sum(_pack_dtype(model, source, target, rows_hint, min_speedup) for source, target in pairs)
 
 
-def _pack_dtype(model: nn.Module, dtype: torch.dtype, rows_hint: int, min_speedup: float | None) -> int:
-    linears = cpu_linears(model, dtype)
+def _target(source: torch.dtype, compute_dtype: torch.dtype | None) -> torch.dtype:
+    """What a `source` layer computes in: `compute_dtype` where widening to it is exact."""
+    if compute_dtype is not None and (source, compute_dtype) in EXACT_WIDENING:
+        return compute_dtype
+    return source
+
+
+def _pack_dtype(
+    model: nn.Module, source: torch.dtype, target: torch.dtype, rows_hint: int, min_speedup: float | None
+) -> int:
+    if target not in PACKED_DTYPES:
+        return 0
+    linears = cpu_linears(model, source)
     if not linears:
         return 0
-    name = str(dtype).removeprefix("torch.")
-    probe = max(linears, key=lambda item: item[2].weight.numel())[2]
+    name = str(target).removeprefix("torch.")
+    probe = _probe_layer(max(linears, key=lambda item: item[2].weight.numel())[2], target)
     try:
         speedup = _probe(probe, rows_hint)
     except (RuntimeError, AttributeError) as exc:  # the private ops missing or failing in this build
@@ -94,14 +116,40 @@ def _pack_dtype(model: nn.Module, dtype: torch.dtype, rows_hint: int, min_speedu
         log.info("%s linear layers: torch's own (oneDNN packed %.2fx on the probe layer)", name, speedup)
         return 0
     del probe  # one reference fewer: each layer's float weight goes as soon as it is packed
-    count = swap_linears(linears, lambda linear: PackedLinear(linear, rows_hint))
+    count = swap_linears(linears, lambda linear: PackedLinear(_widened(linear, target), rows_hint))
     log.info(
-        "%s linear layers: oneDNN with packed weights (%d layers, %.2fx torch's own on the probe layer)",
+        "%s linear layers: oneDNN with packed weights (%d layers%s, %.2fx torch's own on the probe layer)",
         name,
         count,
+        "" if source == target else f", widened from {str(source).removeprefix('torch.')} as packed",
         speedup,
     )
     return count
+
+
+def _probe_layer(linear: nn.Linear, dtype: torch.dtype) -> nn.Linear:
+    """`linear` in `dtype`, cut to its first PROBE_ELEMENTS weights' rows: the probe's copies (a
+    packed one, a widened one) of a 151,936-row output layer would be 0.5-1 GiB of the load's peak."""
+    rows = max(1, min(linear.out_features, PROBE_ELEMENTS // linear.in_features))
+    if rows == linear.out_features and linear.weight.dtype == dtype:
+        return linear
+    bias = None if linear.bias is None else linear.bias.detach()[:rows]
+    return _as_linear(linear.weight.detach()[:rows], bias, dtype)
+
+
+def _widened(linear: nn.Linear, dtype: torch.dtype) -> nn.Linear:
+    """`linear` itself where it is in `dtype`, else a copy in `dtype` (exact: a wider dtype)."""
+    if linear.weight.dtype == dtype:
+        return linear
+    return _as_linear(linear.weight.detach(), None if linear.bias is None else linear.bias.detach(), dtype)
+
+
+def _as_linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    layer.weight = nn.Parameter(weight.to(dtype, copy=True), requires_grad=False)
+    if bias is not None:
+        layer.bias = nn.Parameter(bias.to(dtype, copy=True), requires_grad=False)
+    return layer
 
 
 @torch.inference_mode()

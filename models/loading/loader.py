@@ -28,6 +28,7 @@ from models.loading import hub
 from models.loading.dtype_choice import choose_cpu_dtype
 from models.loading.mapped_embedding import map_input_embeddings
 from models.loading.tokenizer import Tokenizer
+from models.loading.widening import load_dtype, narrow_buffers, widen
 from models.runner.cpus import cpu_features, prefill_thread_count
 from models.runner.echo import ECHO_MODEL
 from models.runner.fused_decoder import fuse_projections
@@ -126,11 +127,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     log.info(
         "loading weights from %s (%s) on %s as %s", path, format_bytes(size) if size else "size unknown", device, dtype
     )
-    # Straight onto the device: from_pretrained builds the model on the meta device and places
-    # each tensor where device_map says as it reads it, so a GPU's weights never pass through
-    # host memory as a whole model first (a `.to(device)` after loading on the CPU did).
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device)
-    model.eval()
+    model = _from_pretrained(path, dtype, device)
     text_config = model.config.get_text_config()
     max_pos = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None)
     eos = _eos_ids(model)
@@ -141,9 +138,11 @@ def load_model(config: ModelConfig) -> LoadedModel:
     if config.quantization == "int8":
         quantize_linears(model, rows_hint=PACK_ROWS_HINT)
     elif device.type == "cpu":
-        pack_linears(model, rows_hint=PACK_ROWS_HINT)
+        pack_linears(model, rows_hint=PACK_ROWS_HINT, compute_dtype=dtype)
     if device.type == "cpu":  # after the linears: a tied output layer packed has let go of the table
-        map_input_embeddings(model, path)
+        map_input_embeddings(model, path, dtype)
+    if model.dtype != dtype:  # loaded narrower (models/loading/widening.py): the norms and the rest
+        widen(model, dtype)
     log.info(
         "loaded %s (%.1fM parameters) in %.1f s",
         Path(path).name or path,
@@ -160,6 +159,25 @@ def load_model(config: ModelConfig) -> LoadedModel:
         kv_bytes_per_token(model.config, dtype),
         device,
     )
+
+
+def _from_pretrained(path: str, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+    """The model on `device`, its weights in `dtype` or, on the CPU, in the checkpoint's narrower
+    dtype where widening to `dtype` is exact (models/loading/widening.py: the rest of the load
+    widens them layer by layer)."""
+    # Straight onto the device: from_pretrained builds the model on the meta device and places
+    # each tensor where device_map says as it reads it, so a GPU's weights never pass through
+    # host memory as a whole model first (a `.to(device)` after loading on the CPU did).
+    narrow = load_dtype(path, dtype, device)
+    names = str(dtype).removeprefix("torch."), str(narrow).removeprefix("torch.")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=narrow, device_map=device)
+    if narrow != dtype and (built := narrow_buffers(model, dtype)):
+        log.info("weights read as %s, not %s: buffers built in %s (%s)", *names, names[1], ", ".join(built[:3]))
+        del model
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device)
+    elif narrow != dtype:
+        log.info("weights read as %s, each widened to %s as it is packed or quantized", names[1], names[0])
+    return model.eval()
 
 
 def load_echo() -> LoadedModel:

@@ -11,6 +11,9 @@ bfloat16 and float16 widen to float32 without rounding). Only the pages of token
 resident, as file pages the kernel may drop and read again; llama.cpp maps its whole file so.
 Qwen2.5-0.5B's table (151,936 x 896) is 545 MB in float32, Qwen2.5-1.5B's 933 MB.
 
+A model read in the file's dtype to run wider (models/loading/widening.py), whose table
+transformers left in the file's pages, gets the same lookup over that tensor, widened per row.
+
 Only where it is the same table: the file's tensor is compared with the model's, row block by row
 block, before the swap, so a model that scales, pads or resizes its embeddings, or a tied output
 layer still reading the model's copy, keeps the copy. `SURGE_MAP_EMBEDDINGS=0` turns it off
@@ -53,13 +56,13 @@ class FileTensor:
 class MappedEmbedding(nn.Module):
     """`nn.Embedding`'s lookup on a table mapped from a file; rows come out in `dtype`."""
 
-    def __init__(self, table: torch.Tensor, dtype: torch.dtype, mapping: mmap.mmap) -> None:
+    def __init__(self, table: torch.Tensor, dtype: torch.dtype, mapping: mmap.mmap | None) -> None:
         super().__init__()
         # A plain attribute, not a parameter or buffer: nothing walks, copies or moves it.
         self.table = table
         self.out_dtype = dtype
         self.num_embeddings, self.embedding_dim = table.shape
-        self._mapping = mapping  # the table's memory; it lives as long as the module
+        self._mapping = mapping  # the table's memory, where the table does not hold it itself
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return nn.functional.embedding(input_ids, self.table).to(self.out_dtype)
@@ -68,10 +71,11 @@ class MappedEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, mapped {str(self.table.dtype).removeprefix('torch.')}"
 
 
-def map_input_embeddings(model: nn.Module, model_dir: str) -> int:
+def map_input_embeddings(model: nn.Module, model_dir: str, dtype: torch.dtype | None = None) -> int:
     """Swap `model`'s CPU input embedding for a MappedEmbedding over the same tensor in the
     safetensors under `model_dir`, where it holds the same values; returns the bytes of the
-    model's table let go (0: left as it was)."""
+    model's table let go (0: left as it was). `dtype`: what the rows come out in, where the model
+    runs wider than it was loaded (models/loading/widening.py); default the table's own."""
     if os.environ.get("SURGE_MAP_EMBEDDINGS", "1") == "0":
         return 0
     embedding = model.get_input_embeddings()  # type: ignore[operator]
@@ -82,9 +86,13 @@ def map_input_embeddings(model: nn.Module, model_dir: str) -> int:
     output_weight = getattr(output, "weight", None)
     if isinstance(output_weight, torch.Tensor) and output_weight.data_ptr() == weight.data_ptr():
         return 0  # a tied output layer still multiplies by the model's table: nothing to let go
-    if in_file_mapping(weight.data_ptr()):
-        return 0  # transformers kept it in the file's pages already (the file's own dtype)
     name = next(name for name, module in model.named_modules() if module is embedding)
+    out_dtype = dtype or weight.dtype
+    if in_file_mapping(weight.data_ptr()):  # transformers kept it in the file's pages (the file's dtype)
+        if out_dtype != weight.dtype:  # a narrow load: widened per row, not as a whole table
+            _put(model, name, MappedEmbedding(weight.detach(), out_dtype, None))
+            log.info("input embeddings: read in place from the checkpoint, widened to %s per row", str(out_dtype)[6:])
+        return 0
     try:  # a saving, never a reason for a load to fail: an unreadable file keeps the copy
         found = find_tensor(Path(model_dir), _names(model, name))
         if found is None or found.shape != tuple(weight.shape):
@@ -98,8 +106,7 @@ def map_input_embeddings(model: nn.Module, model_dir: str) -> int:
         return 0
     # The comparison touched every page; drop them from this process (the page cache keeps them).
     mapping.madvise(mmap.MADV_DONTNEED)
-    parent_name, _, attribute = name.rpartition(".")
-    setattr(model.get_submodule(parent_name), attribute, MappedEmbedding(table, weight.dtype, mapping))
+    _put(model, name, MappedEmbedding(table, out_dtype, mapping))
     freed = weight.numel() * weight.element_size()
     log.info(
         "input embeddings: read from %s, mapped (%s, %.0f MiB in the file; %.0f MiB of the model's table freed)",
@@ -109,6 +116,11 @@ def map_input_embeddings(model: nn.Module, model_dir: str) -> int:
         freed / 2**20,
     )
     return freed
+
+
+def _put(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, attribute = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), attribute, module)
 
 
 def in_file_mapping(address: int) -> bool:

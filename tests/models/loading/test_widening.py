@@ -1,0 +1,113 @@
+"""models/loading/widening.py: a float32 model from a bfloat16 checkpoint is read in bfloat16 and
+widened layer by layer as the loader packs or quantizes it: the same model as a float32 load
+(every weight, the logits), and the float32 load where the narrow one cannot be exact."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from models.config import ModelConfig
+from models.loading import widening
+from models.loading.loader import LoadedModel, load_model
+from models.loading.mapped_embedding import MappedEmbedding
+from tests.models.loading.test_mapped_embedding import build, logits
+
+CPU = torch.device("cpu")
+
+
+def load(model_dir: Path, quantization: str, monkeypatch: pytest.MonkeyPatch, narrow: bool) -> LoadedModel:
+    monkeypatch.setenv("SURGE_NARROW_LOAD", "1" if narrow else "0")
+    # Packed whatever oneDNN measures on this CPU at this toy size: the loads compared take one path.
+    monkeypatch.setattr("models.linear.packed.MIN_SPEEDUP", 0.0)
+    return load_model(ModelConfig(model=str(model_dir), dtype="float32", quantization=quantization))
+
+
+def float_dtypes(model: nn.Module) -> set[torch.dtype]:
+    tensors = [*model.parameters(), *model.buffers()]
+    return {t.dtype for t in tensors if t.is_floating_point()}
+
+
+@pytest.mark.parametrize(("quantization", "tied"), [("none", True), ("none", False), ("int8", True)])
+def test_the_narrow_load_is_the_float32_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, quantization: str, tied: bool
+) -> None:
+    model_dir = build(tmp_path / "model", tied=tied)
+    plain = load(model_dir, quantization, monkeypatch, narrow=False)
+    with caplog.at_level(logging.INFO, logger="surge.loader"):
+        narrow = load(model_dir, quantization, monkeypatch, narrow=True)
+    assert "weights read as bfloat16, each widened to float32" in caplog.text
+    assert plain.model is not None and narrow.model is not None
+    # Everything left a parameter or buffer is float32, as after a float32 load, and the model says so.
+    assert float_dtypes(narrow.model) == float_dtypes(plain.model) == {torch.float32}
+    assert narrow.model.config.dtype == torch.float32
+    assert narrow.kv_bytes_per_token == plain.kv_bytes_per_token
+    embedding = narrow.model.get_input_embeddings()
+    assert isinstance(embedding, MappedEmbedding) and embedding.out_dtype == torch.float32
+    # Widening is exact: the same weights, so the same logits (packing or not is the probe's call,
+    # made afresh in each load, which can only move the last bits).
+    torch.testing.assert_close(logits(narrow.model), logits(plain.model), rtol=1e-5, atol=1e-5)
+
+
+def test_the_checkpoints_dtype(tmp_path: Path) -> None:
+    sharded = build(tmp_path / "sharded", tied=True, sharded=True)
+    assert (sharded / "model.safetensors.index.json").is_file()
+    assert widening.checkpoint_dtype(sharded) == torch.bfloat16
+    assert widening.load_dtype(str(sharded), torch.float32, CPU) == torch.bfloat16
+    # Only where it widens exactly, on the CPU.
+    assert widening.load_dtype(str(sharded), torch.float16, CPU) == torch.float16
+    assert widening.load_dtype(str(sharded), torch.float32, torch.device("cuda")) == torch.float32
+    # A checkpoint that keeps one tensor wider than the rest is read as asked.
+    mixed = build(tmp_path / "mixed", tied=False)
+    weights = load_file(mixed / "model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"].float()
+    save_file(weights, mixed / "model.safetensors", metadata={"format": "pt"})
+    assert widening.checkpoint_dtype(mixed) is None
+    assert widening.load_dtype(str(mixed), torch.float32, CPU) == torch.float32
+    (mixed / "model.safetensors").write_bytes(b"\xff" * 16)  # unreadable: the plain load says why
+    assert widening.load_dtype(str(mixed), torch.float32, CPU) == torch.float32
+
+
+def test_it_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model_dir = build(tmp_path / "model", tied=True)
+    monkeypatch.setenv("SURGE_NARROW_LOAD", "0")
+    assert widening.load_dtype(str(model_dir), torch.float32, CPU) == torch.float32
+
+
+def test_a_buffer_built_in_the_narrow_dtype_is_named() -> None:
+    """Such a buffer was computed in bfloat16 when the model was built, not read from the file:
+    widened, it would not be what a float32 build computes, so the loader reads the model again."""
+    model = nn.Module()
+    model.register_buffer("inv_freq", torch.ones(4, dtype=torch.float32))
+    model.register_buffer("positions", torch.arange(4))
+    assert widening.narrow_buffers(model, torch.float32) == []
+    model.register_buffer("scale", torch.ones(2, dtype=torch.bfloat16))
+    assert widening.narrow_buffers(model, torch.float32) == ["scale"]
+
+
+def test_widen_turns_the_rest_and_the_config(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(build(tmp_path / "model", tied=False), dtype=torch.bfloat16)
+    widening.widen(model, torch.float32)
+    assert float_dtypes(model) == {torch.float32}
+    assert model.config.dtype == torch.float32
+
+
+def test_a_narrow_load_with_such_a_buffer_is_read_again_in_float32(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    model_dir = build(tmp_path / "model", tied=True)
+    # Qwen2 builds its rotary frequencies in float32 whatever the dtype; a model that did not is
+    # played by the detector naming one.
+    monkeypatch.setattr("models.loading.loader.narrow_buffers", lambda model, dtype: ["rotary.scale"])
+    with caplog.at_level(logging.INFO, logger="surge.loader"):
+        loaded = load(model_dir, "none", monkeypatch, narrow=True)
+    assert "weights read as float32, not bfloat16: buffers built in bfloat16 (rotary.scale)" in caplog.text
+    assert "each widened" not in caplog.text
+    assert loaded.model is not None and float_dtypes(loaded.model) == {torch.float32}

@@ -65,6 +65,31 @@ def test_a_linear_shared_by_two_parents_is_packed_once() -> None:
     assert type(untouched) is nn.Linear  # float64: left to torch
 
 
+def test_bfloat16_layers_are_widened_largest_first_when_the_model_computes_in_float32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A model read narrow (models/loading/widening.py): each layer is widened as it is packed, the
+    largest first (its widened and packed copies are resident together while the rest is narrow)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 24), nn.Linear(24, 96), nn.Linear(96, 8)).to(torch.bfloat16)
+    wide = nn.Sequential(nn.Linear(16, 24), nn.Linear(24, 96), nn.Linear(96, 8))
+    wide.load_state_dict({name: value.float() for name, value in model.state_dict().items()})
+    built: list[int] = []
+    real = PackedLinear
+
+    def spy(linear: nn.Linear, rows_hint: int) -> PackedLinear:
+        assert linear.weight.dtype == torch.float32
+        built.append(linear.weight.numel())
+        return real(linear, rows_hint)
+
+    monkeypatch.setattr("models.linear.packed.PackedLinear", spy)
+    assert pack_linears(model, rows_hint=4, min_speedup=0.0, compute_dtype=torch.float32) == 3
+    probe, *layers = built  # the probe packs (a copy of) the largest layer first
+    assert probe == 96 * 24 and layers == [96 * 24, 96 * 8, 24 * 16]
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(model(x), wide(x), rtol=1e-5, atol=1e-5)
+
+
 def test_onednn_caches_are_bounded_unless_the_environment_says_otherwise() -> None:
     from models.runner.cpus import ONEDNN_CACHE_CAPACITY, bound_onednn_caches
 

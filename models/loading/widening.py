@@ -37,6 +37,8 @@ def load_dtype(model_dir: str, dtype: torch.dtype, device: torch.device) -> torc
     if device.type != "cpu" or os.environ.get("SURGE_NARROW_LOAD", "1") == "0":
         return dtype
     try:
+        if _quantized(Path(model_dir)):  # its own dtypes and loader: read as asked
+            return dtype
         stored = checkpoint_dtype(Path(model_dir))
     except (OSError, ValueError, KeyError, TypeError):  # unreadable: the plain load reports it
         return dtype
@@ -60,6 +62,12 @@ def checkpoint_dtype(model_dir: Path) -> torch.dtype | None:
     if len(found) != 1:
         return None
     return FILE_DTYPES.get(found.pop())
+
+
+def _quantized(model_dir: Path) -> bool:
+    """A checkpoint quantized by a method transformers loads itself (GPTQ, AWQ, FP8, ...)."""
+    config = model_dir / "config.json"
+    return config.is_file() and "quantization_config" in json.loads(config.read_text())
 
 
 def narrow_buffers(model: nn.Module, dtype: torch.dtype) -> list[str]:

@@ -4,6 +4,7 @@ widened layer by layer as the loader packs or quantizes it: the same model as a 
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -71,6 +72,13 @@ def test_the_checkpoints_dtype(tmp_path: Path) -> None:
     assert widening.load_dtype(str(mixed), torch.float32, CPU) == torch.float32
     (mixed / "model.safetensors").write_bytes(b"\xff" * 16)  # unreadable: the plain load says why
     assert widening.load_dtype(str(mixed), torch.float32, CPU) == torch.float32
+
+
+def test_a_quantized_checkpoint_is_read_as_asked(tmp_path: Path) -> None:
+    model_dir = build(tmp_path / "model", tied=True)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "gptq"}}))
+    assert widening.load_dtype(str(model_dir), torch.float32, CPU) == torch.float32
 
 
 def test_it_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,6 +68,7 @@ print(json.dumps({
     "peak_anon": peak_anon[0] - before["RssAnon"],
     "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before["VmRSS"],
     "kept_anon": after["RssAnon"] - before["RssAnon"],
+    "kept_rss": after["VmRSS"] - before["VmRSS"],
 }))
 """
 
@@ -142,13 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     on_disk = weights_bytes(model)
     mib = 2**20
     print(f"{model}: {on_disk / mib:,.0f} MiB of safetensors\n")
-    print("| dtype | quantization | peak anonymous (MiB) | x file | peak RSS (MiB) | kept (MiB) | load (s) |")
-    print("|---|---|---|---|---|---|---|")
+    columns = "peak anonymous (MiB) | x file | peak RSS (MiB) | kept (MiB) | kept RSS (MiB) | load (s)"
+    print(f"| dtype | quantization | {columns} |")
+    print("|---|---|---|---|---|---|---|---|")
     for dtype, quantization in args.configurations:
         r = measure(model, dtype, quantization)
         print(
             f"| {dtype} | {quantization} | {r['peak_anon'] / mib:,.0f} | {r['peak_anon'] / on_disk:.2f} "
-            f"| {r['peak_rss'] / mib:,.0f} | {r['kept_anon'] / mib:,.0f} | {r['seconds']:.1f} |"
+            f"| {r['peak_rss'] / mib:,.0f} | {r['kept_anon'] / mib:,.0f} | {r['kept_rss'] / mib:,.0f} "
+            f"| {r['seconds']:.1f} |"
         )
     return 0
 

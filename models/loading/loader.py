@@ -26,6 +26,7 @@ from models.linear.int8 import quantize_linears
 from models.linear.packed import pack_linears
 from models.loading import hub
 from models.loading.dtype_choice import choose_cpu_dtype
+from models.loading.file_pages import copy_out_of_files
 from models.loading.mapped_embedding import map_input_embeddings
 from models.loading.tokenizer import Tokenizer
 from models.loading.widening import load_dtype, narrow_buffers, widen
@@ -143,6 +144,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
         map_input_embeddings(model, path, dtype)
     if model.dtype != dtype:  # loaded narrower (models/loading/widening.py): the norms and the rest
         widen(model, dtype)
+    if device.type == "cpu":  # last: whatever still reads the load's mapping of the checkpoint
+        copy_out_of_files(model)
     log.info(
         "loaded %s (%.1fM parameters) in %.1f s",
         Path(path).name or path,

@@ -11,8 +11,9 @@ bfloat16 and float16 widen to float32 without rounding). Only the pages of token
 resident, as file pages the kernel may drop and read again; llama.cpp maps its whole file so.
 Qwen2.5-0.5B's table (151,936 x 896) is 545 MB in float32, Qwen2.5-1.5B's 933 MB.
 
-A model read in the file's dtype to run wider (models/loading/widening.py), whose table
-transformers left in the file's pages, gets the same lookup over that tensor, widened per row.
+A table transformers read in place (a model loaded in the file's dtype, to run in it or wider:
+models/loading/widening.py) is mapped afresh the same way: transformers' view of it belongs to a
+mapping of the whole checkpoint, which can then go (models/loading/file_pages.py).
 
 Only where it is the same table: the file's tensor is compared with the model's, row block by row
 block, before the swap, so a model that scales, pads or resizes its embeddings, or a tied output
@@ -34,6 +35,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from models.loading.file_pages import file_ranges, in_ranges
 
 log = logging.getLogger("surge.loader")
 
@@ -88,11 +91,9 @@ def map_input_embeddings(model: nn.Module, model_dir: str, dtype: torch.dtype | 
         return 0  # a tied output layer still multiplies by the model's table: nothing to let go
     name = next(name for name, module in model.named_modules() if module is embedding)
     out_dtype = dtype or weight.dtype
-    if in_file_mapping(weight.data_ptr()):  # transformers kept it in the file's pages (the file's dtype)
-        if out_dtype != weight.dtype:  # a narrow load: widened per row, not as a whole table
-            _put(model, name, MappedEmbedding(weight.detach(), out_dtype, None))
-            log.info("input embeddings: read in place from the checkpoint, widened to %s per row", str(out_dtype)[6:])
-        return 0
+    # A table transformers read in place (the file's dtype) is mapped afresh too: its mapping is
+    # the whole checkpoint, which can then go once nothing else reads it (models/loading/file_pages.py).
+    in_place = in_file_mapping(weight.data_ptr())
     try:  # a saving, never a reason for a load to fail: an unreadable file keeps the copy
         found = find_tensor(Path(model_dir), _names(model, name))
         if found is None or found.shape != tuple(weight.shape):
@@ -107,13 +108,14 @@ def map_input_embeddings(model: nn.Module, model_dir: str, dtype: torch.dtype | 
     # The comparison touched every page; drop them from this process (the page cache keeps them).
     mapping.madvise(mmap.MADV_DONTNEED)
     _put(model, name, MappedEmbedding(table, out_dtype, mapping))
-    freed = weight.numel() * weight.element_size()
+    freed = 0 if in_place else weight.numel() * weight.element_size()
     log.info(
-        "input embeddings: read from %s, mapped (%s, %.0f MiB in the file; %.0f MiB of the model's table freed)",
+        "input embeddings: read from %s, mapped (%s, %.0f MiB in the file; %s), rows widened to %s",
         found.path.name,
         str(found.dtype).removeprefix("torch."),
         table.numel() * table.element_size() / 2**20,
-        freed / 2**20,
+        "was read in place" if in_place else f"{freed / 2**20:.0f} MiB of the model's table freed",
+        str(out_dtype).removeprefix("torch."),
     )
     return freed
 
@@ -124,18 +126,8 @@ def _put(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def in_file_mapping(address: int) -> bool:
-    """Whether `address` lies in a mapping of a file (/proc/self/maps); False where that is not
-    readable (not Linux)."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return False
-    for line in maps.splitlines():
-        fields = line.split(maxsplit=5)  # range, perms, offset, device, inode, path
-        start, _, end = fields[0].partition("-")
-        if int(start, 16) <= address < int(end, 16):
-            return len(fields) == 6 and fields[4] != "0" and fields[5].startswith("/")
-    return False
+    """Whether `address` lies in a mapping of a file; False where that is not readable (not Linux)."""
+    return in_ranges(address, file_ranges())
 
 
 def _names(model: nn.Module, name: str) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,29 @@ def test_the_narrow_load_is_the_float32_load(
     # Widening is exact: the same weights, so the same logits (packing or not is the probe's call,
     # made afresh in each load, which can only move the last bits).
     torch.testing.assert_close(logits(narrow.model), logits(plain.model), rtol=1e-5, atol=1e-5)
+
+
+def resident_kib(path: Path) -> int:
+    """This process's resident pages of `path`'s mappings (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+            inside = fields[-1] == str(path)
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+def test_the_checkpoints_pages_are_let_go_once_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read narrow, every weight first lies in transformers' mapping of the whole file; once each
+    is packed, quantized or widened, that mapping must go with them, not stay resident beside the
+    model (the embedding keeps a mapping of its own, its pages dropped until rows are looked up)."""
+    model_dir = build(tmp_path / "model", tied=True)
+    checkpoint = (model_dir / "model.safetensors").resolve()
+    loaded = load(model_dir, "int8", monkeypatch, narrow=True)
+    assert loaded.model is not None
+    assert resident_kib(checkpoint) < checkpoint.stat().st_size // 1024 // 4
 
 
 def test_the_checkpoints_dtype(tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ def map_input_embeddings(model: nn.Module, model_dir: str, dtype: torch.dtype | 
     _put(model, name, MappedEmbedding(table, out_dtype, mapping))
     freed = 0 if in_place else weight.numel() * weight.element_size()
     log.info(
-        "input embeddings: read from %s, mapped (%s, %.0f MiB in the file; %s), rows widened to %s",
+        "input embeddings: read from %s, mapped (%s, %.0f MiB in the file; %s), rows looked up as %s",
         found.path.name,
         str(found.dtype).removeprefix("torch."),
         table.numel() * table.element_size() / 2**20,

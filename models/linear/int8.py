@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from models.linear import amx, block_kernel
-from models.linear.block_int8 import TILE_ROWS, BlockInt8Linear
+from models.linear.block_int8 import CHUNK_ELEMENTS, TILE_ROWS, BlockInt8Linear
 from models.linear.swap import cpu_linears, swap_linears
 from models.runner.row_buckets import pad_rows
 
@@ -46,9 +46,7 @@ class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear, qmax: int, rows_hint: int) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / WEIGHT_QMAX
-        qweight = torch.round(weight / scale[:, None]).clamp_(-WEIGHT_QMAX, WEIGHT_QMAX).to(torch.int8)
+        qweight, scale = quantize_per_channel(linear.weight.detach())
         self.packed = torch.ops.onednn.qlinear_prepack(qweight, [rows_hint, self.in_features])
         self.weight_scale = scale
         self.weight_zero = torch.zeros(self.out_features, dtype=torch.int64)
@@ -70,6 +68,20 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 (activations {self.qmax})"
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes, float32 scale per output channel) of a float weight (out x in), a few channels
+    at a time: whole, a 151,936-row output layer's float32 temporaries were 0.5 GB each."""
+    codes = torch.empty(weight.shape, dtype=torch.int8)
+    scales = torch.empty(weight.shape[0])
+    step = max(1, CHUNK_ELEMENTS // max(1, weight.shape[1]))
+    for start in range(0, weight.shape[0], step):
+        rows = weight[start : start + step].float()
+        scale = rows.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / WEIGHT_QMAX
+        codes[start : start + step] = torch.round(rows / scale[:, None]).clamp_(-WEIGHT_QMAX, WEIGHT_QMAX)
+        scales[start : start + step] = scale
+    return codes, scales
 
 
 def activation_qmax() -> int:

@@ -15,7 +15,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from models.config import ModelConfig
-from models.linear import block_kernel
+from models.linear import block_kernel, int8
 from models.linear.block_int8 import BlockInt8Linear
 from models.linear.int8 import WEIGHT_QMAX, Int8Linear, activation_qmax, quantize_linears
 from tests.live_server import MODEL_NAME, running_server
@@ -60,6 +60,21 @@ def test_each_row_keeps_its_own_scale() -> None:
     x[1] *= 1e-6
     got, want = Int8Linear(linear, activation_qmax(), rows_hint=2)(x), linear(x).detach()
     assert ((got - want).norm(dim=1) / want.norm(dim=1)).max() < 0.03
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_channel_codes_are_the_whole_layers_however_it_is_chunked(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few channels at a time (bounded temporaries), the codes and scales of the whole weight."""
+    torch.manual_seed(0)
+    weight = (torch.randn(37, 24) * torch.logspace(-3, 2, 37)[:, None]).to(dtype)
+    wide = weight.float()
+    scale = wide.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / WEIGHT_QMAX
+    expected = torch.round(wide / scale[:, None]).clamp_(-WEIGHT_QMAX, WEIGHT_QMAX).to(torch.int8)
+    monkeypatch.setattr("models.linear.int8.CHUNK_ELEMENTS", 24 * 5)  # 5 channels a chunk: 8 chunks
+    codes, scales = int8.quantize_per_channel(weight)
+    assert codes.dtype == torch.int8 and torch.equal(codes, expected) and torch.equal(scales, scale)
 
 
 def test_the_probe_answers_what_the_kernel_does() -> None:

@@ -35,11 +35,20 @@ def float_dtypes(model: nn.Module) -> set[torch.dtype]:
     return {t.dtype for t in tensors if t.is_floating_point()}
 
 
-@pytest.mark.parametrize(("quantization", "tied"), [("none", True), ("none", False), ("int8", True)])
+@pytest.mark.parametrize(
+    ("quantization", "tied", "sharded"),
+    [("none", True, False), ("none", False, False), ("int8", True, False), ("none", True, True)],
+)
 def test_the_narrow_load_is_the_float32_load(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, quantization: str, tied: bool
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    quantization: str,
+    tied: bool,
+    sharded: bool,
 ) -> None:
-    model_dir = build(tmp_path / "model", tied=tied)
+    model_dir = build(tmp_path / "model", tied=tied, sharded=sharded)
+    assert sharded == (model_dir / "model.safetensors.index.json").is_file()
     plain = load(model_dir, quantization, monkeypatch, narrow=False)
     with caplog.at_level(logging.INFO, logger="surge.loader"):
         narrow = load(model_dir, quantization, monkeypatch, narrow=True)
@@ -77,6 +86,12 @@ def test_the_checkpoints_pages_are_let_go_once_loaded(tmp_path: Path, monkeypatc
     loaded = load(model_dir, "int8", monkeypatch, narrow=True)
     assert loaded.model is not None
     assert resident_kib(checkpoint) < checkpoint.stat().st_size // 1024 // 4
+    # Sharded: every shard's mapping goes.
+    shards = build(tmp_path / "sharded", tied=True, sharded=True)
+    assert load(shards, "none", monkeypatch, narrow=True).model is not None
+    files = [path.resolve() for path in shards.glob("*.safetensors")]
+    assert len(files) > 1
+    assert sum(map(resident_kib, files)) < sum(path.stat().st_size for path in files) // 1024 // 4
 
 
 def test_the_checkpoints_dtype(tmp_path: Path) -> None:

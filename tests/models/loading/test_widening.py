@@ -8,14 +8,23 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Gemma3TextConfig,
+    GPT2Config,
+    LlamaConfig,
+    PretrainedConfig,
+)
 
 from models.config import ModelConfig
-from models.loading import widening
+from models.loading import tiny, widening
 from models.loading.loader import LoadedModel, load_model
 from models.loading.mapped_embedding import MappedEmbedding
 from tests.models.loading.test_mapped_embedding import build, logits
@@ -138,8 +147,6 @@ def test_a_buffer_built_in_the_narrow_dtype_is_named() -> None:
 
 
 def test_widen_turns_the_rest_and_the_config(tmp_path: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(build(tmp_path / "model", tied=False), dtype=torch.bfloat16)
     widening.widen(model, torch.float32)
     assert float_dtypes(model) == {torch.float32}
@@ -158,3 +165,39 @@ def test_a_narrow_load_with_such_a_buffer_is_read_again_in_float32(
     assert "weights read as float32, not bfloat16: buffers built in bfloat16 (rotary.scale)" in caplog.text
     assert "each widened" not in caplog.text
     assert loaded.model is not None and float_dtypes(loaded.model) == {torch.float32}
+
+
+def other_architecture(name: str) -> PretrainedConfig:
+    common: dict[str, Any] = {
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+    }
+    if name == "llama3-rope":  # frequencies rescaled at build time
+        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+        return LlamaConfig(**common, rope_scaling={**scaling, "original_max_position_embeddings": 128})
+    if name == "gemma3":  # its embedding's scale is a buffer built in the load's dtype
+        return Gemma3TextConfig(**common, head_dim=16)
+    return GPT2Config(vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=256)  # Conv1D, not nn.Linear
+
+
+@pytest.mark.parametrize(("name", "narrow"), [("llama3-rope", True), ("gpt2", True), ("gemma3", False)])
+def test_other_architectures_load_the_same_narrow_or_fall_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, name: str, narrow: bool
+) -> None:
+    model_dir = tmp_path / name
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(other_architecture(name)).to(torch.bfloat16).save_pretrained(model_dir)
+    AutoTokenizer.from_pretrained(tiny.ensure_tokenizer()).save_pretrained(model_dir)
+    plain = load(model_dir, "int8", monkeypatch, narrow=False)
+    with caplog.at_level(logging.INFO, logger="surge.loader"):
+        read = load(model_dir, "int8", monkeypatch, narrow=True)
+    assert ("each widened to float32" in caplog.text) == narrow
+    assert ("buffers built in bfloat16" in caplog.text) == (not narrow)
+    assert plain.model is not None and read.model is not None
+    assert float_dtypes(read.model) == {torch.float32}
+    assert torch.equal(logits(read.model), logits(plain.model))

@@ -11,9 +11,9 @@ PORT ?= 8000
 
 .PHONY: run test test-reliability install install-dev install-bench lint typecheck unit bench bench-overhead redis k8s-tools node-example codex-cli bench-fleet clean
 
-# pip compiles what it installs one file at a time; compileall does it on every core (the set up
-# before `make test`, `make install-dev` on a 2-core AMD EPYC: 97 -> 65 s). A file written for a newer Python (torch ships
-# one) fails to compile, as it does under pip, and is skipped.
+# pip compiles what it installs one file at a time; compileall does it on every core
+# (`make install-dev` on a 2-core AMD EPYC: 97 -> 65 s). A file written for a newer Python (torch
+# ships one) fails to compile, as it does under pip, and is skipped.
 COMPILE := $(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 
 $(VENV)/.installed: pyproject.toml

@@ -128,7 +128,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     log.info(
         "loading weights from %s (%s) on %s as %s", path, format_bytes(size) if size else "size unknown", device, dtype
     )
-    model = _from_pretrained(path, dtype, device)
+    model, narrow = _from_pretrained(path, dtype, device)
     text_config = model.config.get_text_config()
     max_pos = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None)
     eos = _eos_ids(model)
@@ -142,7 +142,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         pack_linears(model, rows_hint=PACK_ROWS_HINT, compute_dtype=dtype)
     if device.type == "cpu":  # after the linears: a tied output layer packed has let go of the table
         map_input_embeddings(model, path, dtype)
-    if model.dtype != dtype:  # loaded narrower (models/loading/widening.py): the norms and the rest
+    if narrow:  # loaded narrower (models/loading/widening.py): the norms and the rest
         widen(model, dtype)
     if device.type == "cpu":  # last: whatever still reads the load's mapping of the checkpoint
         copy_out_of_files(model)
@@ -164,10 +164,11 @@ def load_model(config: ModelConfig) -> LoadedModel:
     )
 
 
-def _from_pretrained(path: str, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+def _from_pretrained(path: str, dtype: torch.dtype, device: torch.device) -> tuple[PreTrainedModel, bool]:
     """The model on `device`, its weights in `dtype` or, on the CPU, in the checkpoint's narrower
     dtype where widening to `dtype` is exact (models/loading/widening.py: the rest of the load
-    widens them layer by layer)."""
+    widens them layer by layer); and whether it was read narrower. NOTE: not `model.dtype` to tell:
+    that is the first parameter's, which a module kept in float32 (`_keep_in_fp32_modules`) sets."""
     # Straight onto the device: from_pretrained builds the model on the meta device and places
     # each tensor where device_map says as it reads it, so a GPU's weights never pass through
     # host memory as a whole model first (a `.to(device)` after loading on the CPU did).
@@ -177,10 +178,10 @@ def _from_pretrained(path: str, dtype: torch.dtype, device: torch.device) -> Pre
     if narrow != dtype and (built := narrow_buffers(model, dtype)):
         log.info("weights read as %s, not %s: buffers built in %s (%s)", *names, names[1], ", ".join(built[:3]))
         del model
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device)
-    elif narrow != dtype:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device).eval(), False
+    if narrow != dtype:
         log.info("weights read as %s, each widened to %s as it is packed or quantized", names[1], names[0])
-    return model.eval()
+    return model.eval(), narrow != dtype
 
 
 def load_echo() -> LoadedModel:

@@ -59,13 +59,13 @@ class FileTensor:
 class MappedEmbedding(nn.Module):
     """`nn.Embedding`'s lookup on a table mapped from a file; rows come out in `dtype`."""
 
-    def __init__(self, table: torch.Tensor, dtype: torch.dtype, mapping: mmap.mmap | None) -> None:
+    def __init__(self, table: torch.Tensor, dtype: torch.dtype, mapping: mmap.mmap) -> None:
         super().__init__()
         # A plain attribute, not a parameter or buffer: nothing walks, copies or moves it.
         self.table = table
         self.out_dtype = dtype
         self.num_embeddings, self.embedding_dim = table.shape
-        self._mapping = mapping  # the table's memory, where the table does not hold it itself
+        self._mapping = mapping  # the table's memory; it lives as long as the module
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return nn.functional.embedding(input_ids, self.table).to(self.out_dtype)

@@ -142,10 +142,9 @@ def _names(model: nn.Module, name: str) -> list[str]:
 
 def find_tensor(model_dir: Path, names: list[str]) -> FileTensor | None:
     """The first of `names` in the directory's safetensors (through its index where sharded)."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text()).get("weight_map", {})
-        files = [model_dir / weight_map[name] for name in names if name in weight_map][:1]
+    shards = weight_map(model_dir)
+    if shards is not None:
+        files = [model_dir / shards[name] for name in names if name in shards][:1]
     else:
         files = sorted(model_dir.glob("*.safetensors"))
     for path in files:
@@ -156,6 +155,15 @@ def find_tensor(model_dir: Path, names: list[str]) -> FileTensor | None:
                 begin, _ = entry["data_offsets"]
                 return FileTensor(path, FILE_DTYPES[entry["dtype"]], tuple(entry["shape"]), data_start + int(begin))
     return None
+
+
+def weight_map(model_dir: Path) -> dict[str, str] | None:
+    """A sharded checkpoint's tensor name -> shard file name; None where it is not sharded."""
+    index = model_dir / "model.safetensors.index.json"
+    if not index.is_file():
+        return None
+    shards: dict[str, str] = json.loads(index.read_text()).get("weight_map", {})
+    return shards
 
 
 def read_header(path: Path) -> tuple[dict[str, object], int]:

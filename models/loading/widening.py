@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from models.linear.packed import EXACT_WIDENING
-from models.loading.mapped_embedding import FILE_DTYPES, read_header
+from models.loading.mapped_embedding import FILE_DTYPES, read_header, weight_map
 
 
 def load_dtype(model_dir: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -48,10 +48,9 @@ def load_dtype(model_dir: str, dtype: torch.dtype, device: torch.device) -> torc
 def checkpoint_dtype(model_dir: Path) -> torch.dtype | None:
     """The one floating dtype of the directory's safetensors tensors; None where there are none,
     or several (a checkpoint that keeps some tensors wider keeps them so for a reason)."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text()).get("weight_map", {})
-        files = sorted({model_dir / name for name in weight_map.values()})
+    shards = weight_map(model_dir)
+    if shards is not None:
+        files = sorted({model_dir / name for name in shards.values()})
     else:
         files = sorted(model_dir.glob("*.safetensors"))
     found: set[str] = set()
